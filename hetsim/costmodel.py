@@ -1,0 +1,205 @@
+"""The calibrated cost model: how long a block range takes on a device, what it holds, what a collective costs.
+
+Calibrated devices use their own kind's measured block times, divided by the
+device's relative speed (1.0 for real GPUs).  Catalog devices have no
+measurement of their own: they are scaled from a measured reference kind by the
+ratio of sustained matmul throughput (roofline), and every report says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hetsim.cluster import Cluster, Device
+from hetsim.errors import ProfileError
+from hetsim.profiles import BlockProfile, ModelProfile, ProfileSet
+from hetsim.types import Fit
+from hetsim.workloads import OPTIMIZER_STATE_PER_PARAM
+
+# Fraction of datasheet peak that convolution-heavy training reaches on a GPU
+# (typical published MFU of ResNet training); used only for catalog scaling.
+CATALOG_EFFICIENCY = 0.4
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFacts:
+    """What strategies need to know about the workload, without torch."""
+
+    n_blocks: int
+    has_batchnorm: bool
+    batch_coupled: bool
+    optimizer: str
+
+
+class CostModel:
+    def __init__(self, cluster: Cluster, profiles: ProfileSet, optimizer: str = "adamw", *,
+                 has_batchnorm: bool = False, batch_coupled: bool = False):
+        self.cluster = cluster
+        self.profiles = profiles
+        self.optimizer = optimizer
+        if not profiles.models:
+            raise ProfileError("no model profile was given to the cost model; profile the model first")
+        self._ref_kind = next(iter(profiles.models))
+        self.ref = profiles.models[self._ref_kind]
+        self.facts = ModelFacts(
+            n_blocks=len(self.ref.blocks), has_batchnorm=has_batchnorm, batch_coupled=batch_coupled, optimizer=optimizer
+        )
+        self._scale = [self._device_scale(d) for d in cluster.devices]
+
+    # -------------------------------------------------------------- devices
+
+    def _device_scale(self, d: Device) -> tuple[ModelProfile, float]:
+        """(profile to read, time multiplier) for device d."""
+        if d.kind in self.profiles.models:
+            return self.profiles.models[d.kind], 1.0 / d.speed
+        ref_dev = self.profiles.devices.get(self._ref_kind)
+        if d.backend == "catalog" and ref_dev is not None and d.peak_fp32_flops > 0:
+            ref_flops = ref_dev.matmul_flops.get("fp32", 0.0)
+            if ref_flops > 0:
+                return self.ref, ref_flops / (d.peak_fp32_flops * CATALOG_EFFICIENCY)
+        raise ProfileError(
+            f"device {d.name!r} (kind {d.kind!r}) has no profile and cannot be scaled from one; "
+            f"profiled kinds: {', '.join(self.profiles.models)}"
+        )
+
+    @property
+    def n_devices(self) -> int:
+        return len(self.cluster.devices)
+
+    def device(self, i: int) -> Device:
+        return self.cluster.devices[i]
+
+    def blocks(self, dev: int | None = None) -> tuple[BlockProfile, ...]:
+        return (self._scale[dev][0] if dev is not None else self.ref).blocks
+
+    def precision_factor(self, dev: int, precision: str) -> tuple[str, float]:
+        """Timing key to read and extra factor: devices without a fast path run low precision at fp32 speed."""
+        d = self.device(dev)
+        prof = self._scale[dev][0]
+        if precision == "fp32":
+            return "fp32", 1.0
+        if d.backend == "catalog":
+            peak = d.peak_bf16_flops if precision == "bf16" else d.peak_fp16_flops
+            return "fp32", d.peak_fp32_flops / peak if peak > d.peak_fp32_flops else 1.0
+        if precision in prof.blocks[0].timing:
+            return precision, 1.0
+        if precision == "fp16" and "bf16" in prof.blocks[0].timing and d.fast_fp16:
+            return "bf16", 1.0
+        return "fp32", 1.0
+
+    # -------------------------------------------------------------- time
+
+    def fwd_s(self, dev: int, lo: int, hi: int, mb: float, precision: str = "fp32") -> float:
+        if mb <= 0:
+            return 0.0
+        prof, mult = self._scale[dev]
+        key, f = self.precision_factor(dev, precision)
+        return mult * f * sum(b.timing[key].fwd_s(mb) for b in prof.blocks[lo:hi])
+
+    def bwd_s(self, dev: int, lo: int, hi: int, mb: float, precision: str = "fp32") -> float:
+        if mb <= 0:
+            return 0.0
+        prof, mult = self._scale[dev]
+        key, f = self.precision_factor(dev, precision)
+        return mult * f * sum(b.timing[key].bwd_s(mb) for b in prof.blocks[lo:hi])
+
+    def overhead_s(self, dev: int) -> float:
+        prof, mult = self._scale[dev]
+        return prof.step_overhead_s * mult
+
+    def opt_s(self, dev: int, param_count: float) -> float:
+        prof, mult = self._scale[dev]
+        fit = prof.opt_step_s.get(self.optimizer) or next(iter(prof.opt_step_s.values()))
+        return mult * fit(param_count) if param_count > 0 else 0.0
+
+    def allreduce_s(self, nbytes: float, group: tuple[int, ...]) -> float:
+        n = len(group)
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        if self.cluster.links is None:
+            comm = self._comm(n)
+            return comm.allreduce_s(nbytes)
+        bw = min(self.cluster.links[a][b].bandwidth_bps for a in group for b in group if a != b)
+        lat = max(self.cluster.links[a][b].latency_s for a in group for b in group if a != b)
+        return 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * lat
+
+    def allgather_s(self, nbytes_total: float, group: tuple[int, ...]) -> float:
+        """All-gather (or reduce-scatter) of a tensor whose full size is nbytes_total: half an all-reduce."""
+        n = len(group)
+        if n <= 1 or nbytes_total <= 0:
+            return 0.0
+        if self.cluster.links is None:
+            comm = self._comm(n)
+            if comm.allgather_s is not None:
+                return comm.allgather_s(nbytes_total)
+            return 0.5 * comm.allreduce_s(nbytes_total)
+        return 0.5 * self.allreduce_s(nbytes_total, group)
+
+    def p2p_s(self, nbytes: float, src: int, dst: int) -> float:
+        if src == dst or nbytes <= 0:
+            return 0.0
+        if self.cluster.links is None:
+            comm = self._comm(2)
+            if comm.sendrecv_s is not None:
+                return comm.sendrecv_s(nbytes)
+            return 0.5 * comm.allreduce_s(nbytes)
+        link = self.cluster.links[src][dst]
+        return link.latency_s + nbytes / link.bandwidth_bps
+
+    def host_transfer_s(self, dev: int, nbytes: float) -> float:
+        d = self.device(dev)
+        prof = self.profiles.devices.get(d.kind)
+        bps = d.host_link_bps or (prof.host_link_bps if prof else 0.0) or (prof.copy_bps if prof else 0.0)
+        return nbytes / bps if bps > 0 else 0.0
+
+    def _comm(self, n: int):
+        if n in self.profiles.comm:
+            return self.profiles.comm[n]
+        if not self.profiles.comm:
+            raise ProfileError(f"no collective profile for a group of {n}; profile the process group first")
+        # Ring all-reduce: latency grows with 2(n-1), bandwidth term with 2(n-1)/n.
+        m = max(self.profiles.comm)
+        base = self.profiles.comm[m]
+        a = base.allreduce_s.intercept * (n - 1) / max(1, m - 1)
+        b = base.allreduce_s.slope * ((n - 1) / n) / ((m - 1) / m)
+        from dataclasses import replace
+
+        return replace(base, world_size=n, allreduce_s=Fit(intercept=a, slope=b))
+
+    # -------------------------------------------------------------- memory
+
+    def param_count(self, lo: int = 0, hi: int | None = None) -> int:
+        return sum(b.param_count for b in self.ref.blocks[lo:hi])
+
+    def param_bytes(self, lo: int = 0, hi: int | None = None) -> int:
+        return sum(b.param_bytes for b in self.ref.blocks[lo:hi])
+
+    def buffer_bytes(self, lo: int = 0, hi: int | None = None) -> int:
+        return sum(b.buffer_bytes for b in self.ref.blocks[lo:hi])
+
+    def optim_state_bytes(self, param_count: float) -> int:
+        return int(OPTIMIZER_STATE_PER_PARAM.get(self.optimizer, 2) * 4 * param_count)
+
+    def act_bytes(self, lo: int, hi: int, mb: float, precision: str = "fp32", checkpoint_upto: int = 0) -> int:
+        """Activation bytes saved for backward by blocks lo..hi at micro-batch mb.
+
+        Blocks with index < checkpoint_upto keep only their input (the previous block's output).
+        """
+        if mb <= 0:
+            return 0
+        total = 0.0
+        key = precision if precision in self.ref.blocks[0].act_bytes else "fp32"
+        for k in range(lo, hi):
+            b = self.ref.blocks[k]
+            if k < checkpoint_upto:
+                prev = self.ref.blocks[k - 1].out_bytes_per_sample if k > 0 else self.ref.input_bytes_per_sample
+                total += prev * mb
+            else:
+                total += b.act_bytes[key](mb)
+        return int(total)
+
+    def recompute_s(self, dev: int, lo: int, hi: int, mb: float, precision: str, checkpoint_upto: int) -> float:
+        """Extra forward time spent recomputing checkpointed blocks during backward."""
+        upto = min(hi, checkpoint_upto)
+        return self.fwd_s(dev, lo, upto, mb, precision) if upto > lo else 0.0

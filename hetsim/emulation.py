@@ -1,0 +1,95 @@
+"""Emulated heterogeneity on CPU worker processes.
+
+Speed: every block's forward and backward, and the optimizer step, is timed
+and followed by a sleep of (1/speed - 1) x its duration, so a device of speed
+0.5 takes twice as long for whatever it really computed, while data and
+communication stay real.  Memory: peak tensor bytes of one instrumented step
+(PyTorch's MemTracker) are accounted against the device's cap; going over
+raises a real out-of-memory error from the accounting.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from hetsim.errors import EmulatedOutOfMemoryError
+
+
+class Emulator:
+    def __init__(self, speed: float, cap_bytes: int, device_name: str = "emulated device"):
+        self.speed = speed
+        self.cap_bytes = cap_bytes
+        self.device_name = device_name
+        self.factor = 1.0 / speed - 1.0
+        self.throttled_s = 0.0
+        self.enabled = True
+
+    def _sleep_for(self, dt: float) -> None:
+        if self.enabled and self.factor > 0 and dt > 0:
+            extra = self.factor * dt
+            self.throttled_s += extra
+            time.sleep(extra)
+
+    # ------------------------------------------------------------------ compute
+    def attach(self, blocks: Iterable[nn.Module]) -> None:
+        """Throttle forward and backward of each block (call before wrapping in DDP/FSDP/pipeline)."""
+        if self.factor <= 0:
+            return
+        for block in blocks:
+            self._attach_block(block)
+
+    def _attach_block(self, block: nn.Module) -> None:
+        state = {"t_fwd": 0.0, "t_bwd": 0.0, "input_grad": False, "pending": 0}
+        params = [p for p in block.parameters() if p.requires_grad]
+
+        def fwd_pre(mod, args):
+            state["t_fwd"] = time.perf_counter()
+            state["input_grad"] = any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+
+        def fwd_post(mod, args, out):
+            self._sleep_for(time.perf_counter() - state["t_fwd"])
+
+        def bwd_pre(mod, grad_out):
+            state["t_bwd"] = time.perf_counter()
+            state["pending"] = len(params)
+
+        def bwd_post(mod, grad_in, grad_out):
+            # Fires after the input gradient; when no input needs a gradient it fires
+            # before the weight gradients, and the last parameter's hook closes the block.
+            if state["input_grad"] or not params:
+                self._sleep_for(time.perf_counter() - state["t_bwd"])
+
+        def param_done(p):
+            if state["input_grad"]:
+                return
+            state["pending"] -= 1
+            if state["pending"] == 0:
+                self._sleep_for(time.perf_counter() - state["t_bwd"])
+
+        block.register_forward_pre_hook(fwd_pre)
+        block.register_forward_hook(fwd_post)
+        block.register_full_backward_pre_hook(bwd_pre)
+        block.register_full_backward_hook(bwd_post)
+        for p in params:
+            p.register_post_accumulate_grad_hook(param_done)
+
+    def wrap_optimizer(self, opt: torch.optim.Optimizer) -> None:
+        if self.factor <= 0:
+            return
+        t = {"t0": 0.0}
+        opt.register_step_pre_hook(lambda o, a, k: t.__setitem__("t0", time.perf_counter()))
+        opt.register_step_post_hook(lambda o, a, k: self._sleep_for(time.perf_counter() - t["t0"]))
+
+    # ------------------------------------------------------------------ memory
+    def check_memory(self, peak_bytes: int, breakdown: str = "") -> None:
+        if peak_bytes > self.cap_bytes:
+            raise EmulatedOutOfMemoryError(
+                f"out of memory on {self.device_name}: the step's peak tensor memory is "
+                f"{peak_bytes / 2**20:.1f} MiB, over its emulated capacity of {self.cap_bytes / 2**20:.1f} MiB "
+                f"by {(peak_bytes - self.cap_bytes) / 2**20:.1f} MiB{(' (' + breakdown + ')') if breakdown else ''}; "
+                "use a smaller local batch, checkpointing, sharding or a device with more memory"
+            )

@@ -1,0 +1,54 @@
+"""One exception hierarchy.  Every message names the value, the limit and what to do."""
+
+from __future__ import annotations
+
+
+class HetsimError(Exception):
+    """Base of every error hetsim raises on purpose."""
+
+
+class ConfigError(HetsimError):
+    """Bad user input (option, file, spec).  The CLI prints it and exits with code 2."""
+
+
+class ClusterSpecError(ConfigError):
+    """A --cluster value or cluster file that cannot be used."""
+
+
+class UnknownNameError(ConfigError):
+    """A name (model, strategy, catalog key...) that is not registered."""
+
+    def __init__(self, what: str, name: str, known: list[str] | tuple[str, ...], hint: str = ""):
+        self.what, self.name, self.known = what, name, list(known)
+        msg = f"unknown {what} {name!r}; known: {', '.join(sorted(self.known))}"
+        if hint:
+            msg += f". {hint}"
+        super().__init__(msg)
+
+
+class ProfileError(HetsimError):
+    """A recorded profile that cannot be used."""
+
+
+class ProfileCorruptError(ProfileError):
+    """A profile file that is not valid JSON or misses fields."""
+
+
+class ProfileMismatchError(ProfileError):
+    """A profile whose fingerprint no longer matches this machine or workload."""
+
+
+class InfeasiblePlanError(HetsimError):
+    """A plan that cannot run (memory, batch split, device count)."""
+
+
+class WorkerError(HetsimError):
+    """A real run that failed (out of memory, crash, hang, non-finite loss)."""
+
+    def __init__(self, status: str, message: str):
+        self.status = status
+        super().__init__(message)
+
+
+class EmulatedOutOfMemoryError(HetsimError):
+    """An emulated device went over its memory cap (raised by the accounting)."""

@@ -1,0 +1,39 @@
+"""Measured peak tensor memory of one training step, on CUDA or CPU."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from hetsim.types import MemoryBreakdown
+
+
+def measure_step(fn: Callable[[], object], model: nn.Module, optimizer, device: torch.device) -> MemoryBreakdown:
+    """Run fn() once and return its peak allocated tensor bytes by category."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        torch.cuda.synchronize(device)
+        # The CUDA allocator knows only a total: report it as 'other' beside the exact state sizes.
+        peak = int(torch.cuda.max_memory_allocated(device))
+        params = sum(p.numel() * p.element_size() for p in model.parameters())
+        return MemoryBreakdown(params_bytes=params, other_bytes=max(0, peak - params))
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    mt = MemTracker()
+    mt.track_external(*(m for m in (model, optimizer) if m is not None))
+    with mt:
+        fn()
+    snap = mt.get_tracker_snapshot("peak")
+    dev_snap = next(iter(snap.values())) if snap else {}
+    by = {str(k).rsplit(".", 1)[-1]: int(v) for k, v in dev_snap.items()}
+    return MemoryBreakdown(
+        params_bytes=by.get("PARAM", 0) + by.get("BUFFER", 0),
+        grads_bytes=by.get("GRAD", 0),
+        optim_bytes=by.get("OPT", 0),
+        activations_bytes=by.get("ACT", 0),
+        other_bytes=by.get("TEMP", 0) + by.get("OTH", 0),
+    )

@@ -1,0 +1,127 @@
+"""Recorded profiles: what was measured, with the fingerprint it is valid for."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from hetsim.errors import ProfileCorruptError, ProfileMismatchError
+from hetsim.serial import dump_json, from_dict
+from hetsim.types import Fit
+
+PROFILE_FORMAT = 1
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BlockTiming:
+    """Seconds on the reference device as a function of micro-batch size."""
+
+    fwd_s: Fit
+    bwd_s: Fit
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BlockProfile:
+    name: str
+    param_count: int
+    param_bytes: int
+    """fp32 parameter bytes."""
+    buffer_bytes: int
+    timing: dict[str, BlockTiming]
+    """Per precision: 'fp32', 'bf16'."""
+    act_bytes: dict[str, Fit]
+    """Activation bytes saved for backward, per precision, as a function of micro-batch."""
+    out_bytes_per_sample: int
+    """Bytes of the block's output per sample (fp32): a pipeline send, a checkpoint's kept input."""
+    flops_per_sample: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelProfile:
+    model: str
+    """Workload spec, e.g. 'resnet50@64'."""
+    device_kind: str
+    fingerprint: dict[str, str]
+    micro_batches: tuple[int, ...]
+    blocks: tuple[BlockProfile, ...]
+    opt_step_s: dict[str, Fit]
+    """Optimizer step seconds as a function of parameter count, per optimizer."""
+    step_overhead_s: float = 0.0
+    """Fixed per-micro-step time outside the blocks (loss, data slicing, zero_grad)."""
+    input_bytes_per_sample: int = 0
+
+    @property
+    def param_count(self) -> int:
+        return sum(b.param_count for b in self.blocks)
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(b.param_bytes for b in self.blocks)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CommProfile:
+    backend: str
+    world_size: int
+    fingerprint: dict[str, str]
+    allreduce_s: Fit
+    """All-reduce seconds as a function of bytes, over the real process group."""
+    allgather_s: Fit | None = None
+    sendrecv_s: Fit | None = None
+    ddp_exposed_s: Fit | None = None
+    """Measured DDP gradient synchronisation left exposed after backward, vs gradient bytes."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeviceProfile:
+    kind: str
+    fingerprint: dict[str, str]
+    matmul_flops: dict[str, float]
+    """Sustained matmul FLOP/s per dtype."""
+    copy_bps: float
+    """Device memory copy bandwidth, bytes/s."""
+    host_link_bps: float = 0.0
+    launch_overhead_s: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProfileSet:
+    """Everything the cost model needs, as loaded from results/profiles/."""
+
+    models: dict[str, ModelProfile] = field(default_factory=dict)
+    """By device kind."""
+    devices: dict[str, DeviceProfile] = field(default_factory=dict)
+    comm: dict[int, CommProfile] = field(default_factory=dict)
+    """By world size."""
+
+
+def save(obj, path: str | Path) -> None:
+    dump_json(obj, path)
+
+
+def load(cls: type[T], path: str | Path, expect: dict[str, str] | None = None) -> T:
+    """Load a profile; corrupted files and stale fingerprints raise a clear error."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+        obj = from_dict(cls, data)
+    except FileNotFoundError:
+        raise
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ProfileCorruptError(
+            f"profile {p} is not valid JSON ({e}); delete it or run with --reprofile to measure again"
+        ) from None
+    except (KeyError, TypeError, ValueError) as e:
+        raise ProfileCorruptError(
+            f"profile {p} misses or has malformed fields ({e}); delete it or run with --reprofile"
+        ) from None
+    if expect is not None:
+        have = getattr(obj, "fingerprint", {})
+        diff = {k: (have.get(k), v) for k, v in expect.items() if have.get(k) != v}
+        if diff:
+            what = ", ".join(f"{k}: recorded {a!r} != now {b!r}" for k, (a, b) in diff.items())
+            raise ProfileMismatchError(f"profile {p} was measured for another setup ({what}); re-measuring")
+    return obj

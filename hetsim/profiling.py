@@ -1,0 +1,263 @@
+"""Measurements: device microbenchmarks and per-block model profiles (one process, one thread).
+
+The collective profile needs the real process group and is measured by the
+worker (`hetsim.worker`, task 'commbench').
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from hetsim.profiles import BlockProfile, BlockTiming, DeviceProfile, ModelProfile
+from hetsim.types import Fit
+from hetsim.workloads import Workload, make_optimizer
+
+FORMAT = "1"
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def device_fingerprint(kind: str, device: torch.device) -> dict[str, str]:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+    fp = {"kind": kind, "device": name, "torch": torch.__version__.split("+")[0], "format": FORMAT}
+    if device.type == "cuda":
+        fp["driver"] = str(torch.version.cuda)
+    else:
+        fp["threads"] = "1"
+    return fp
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_time(fn: Callable[[], object], device: torch.device, reps: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(reps):
+        _sync(device)
+        t = time.perf_counter()
+        fn()
+        _sync(device)
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+# ----------------------------------------------------------------------------- device
+
+
+def profile_device(kind: str, device: torch.device) -> DeviceProfile:
+    n = 1024 if device.type == "cpu" else 8192
+    flops = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        t = _median_time(lambda a=a, b=b: a @ b, device, reps=3)
+        flops[name] = 2 * n**3 / t
+    src = torch.empty(64 * 2**20 // 4, device=device)
+    dst = torch.empty_like(src)
+    t = _median_time(lambda: dst.copy_(src), device, reps=5)
+    copy_bps = 2 * src.numel() * 4 / t
+    host_bps = 0.0
+    if device.type == "cuda":
+        h = torch.empty(src.numel(), pin_memory=True)
+        t = _median_time(lambda: src.copy_(h, non_blocking=True), device, reps=5)
+        host_bps = h.numel() * 4 / t
+    tiny = torch.zeros(1, device=device)
+    launch = _median_time(lambda: tiny.add_(1), device, reps=50)
+    return DeviceProfile(
+        kind=kind,
+        fingerprint=device_fingerprint(kind, device),
+        matmul_flops=flops,
+        copy_bps=copy_bps,
+        host_link_bps=host_bps,
+        launch_overhead_s=launch,
+    )
+
+
+# ----------------------------------------------------------------------------- model
+
+
+def _saved_bytes(fn: Callable[[], torch.Tensor], exclude: set[int]) -> tuple[torch.Tensor, int]:
+    """Run fn and count the distinct storages autograd saved for backward (parameters excluded)."""
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor):
+        try:
+            st = t.untyped_storage()
+            ptr = st.data_ptr()
+            if ptr not in exclude and ptr not in seen:
+                seen[ptr] = st.nbytes()
+        except (RuntimeError, NotImplementedError):
+            pass
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, sum(seen.values())
+
+
+def _autocast(device: torch.device, precision: str):
+    import contextlib
+
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+
+
+def profile_model(
+    workload: Workload,
+    kind: str,
+    device: torch.device,
+    micro_batches: tuple[int, ...],
+    precisions: tuple[str, ...] = ("fp32",),
+    reps: int = 3,
+    progress: Callable[[str], None] | None = None,
+) -> ModelProfile:
+    """Forward/backward time of every block at several micro-batch sizes, fitted linearly;
+    parameter, activation and output bytes; optimizer step time vs parameter count."""
+    model = workload.model().to(device)
+    blocks = list(model.named_children())
+    param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    times: dict[str, list[list[tuple[float, float]]]] = {p: [[] for _ in blocks] for p in precisions}
+    acts: dict[str, list[list[float]]] = {p: [[] for _ in blocks] for p in precisions}
+    out_bytes = [0] * len(blocks)
+    flops = [0.0] * len(blocks)
+    overhead = []
+    input_bytes = 0
+    for prec in precisions:
+        for mb in micro_batches:
+            if progress:
+                progress(f"profiling {workload.name} {prec} micro-batch {mb}")
+            x, y = workload.make_batch(mb, 123)
+            x, y = x.to(device), y.to(device)
+            input_bytes = x[:1].nelement() * x.element_size()
+            h = x
+            t_blocks = 0.0
+            for k, (_, blk) in enumerate(blocks):
+                inp = h.detach().requires_grad_(k > 0 and h.is_floating_point())
+                with _autocast(device, prec):
+                    out, saved = _saved_bytes(lambda blk=blk, inp=inp: blk(inp), param_ptrs)
+                if k == len(blocks) - 1:
+                    def make_loss(blk=blk, inp=inp):
+                        with _autocast(device, prec):
+                            o = blk(inp)
+                        return workload.loss_sum(o.float(), y)
+                else:
+                    make_loss = None
+                grad = torch.randn_like(out)
+
+                def fwd(blk=blk, inp=inp):
+                    with torch.no_grad(), _autocast(device, prec):
+                        return blk(inp)
+
+                def fwd_bwd(blk=blk, inp=inp, grad=grad, make_loss=make_loss):
+                    if make_loss is not None:
+                        make_loss().backward()
+                    else:
+                        with _autocast(device, prec):
+                            o = blk(inp)
+                        o.backward(grad)
+
+                # Forward with autograd recording (as in training) for the fwd time.
+                def fwd_train(blk=blk, inp=inp):
+                    with _autocast(device, prec):
+                        return blk(inp)
+
+                tf = _median_time(fwd_train, device, reps)
+                tfb = _median_time(fwd_bwd, device, reps)
+                tb = max(tfb - tf, 0.0)
+                times[prec][k].append((tf, tb))
+                t_blocks += tf + tb
+                acts[prec][k].append(float(saved))
+                if prec == "fp32" and mb == micro_batches[0]:
+                    out_bytes[k] = out[:1].nelement() * 4 if out.dim() > 0 else 4
+                    flops[k] = _flops(fwd, mb)
+                h = fwd().float() if out.is_floating_point() else fwd()
+                del out, grad
+            if prec == "fp32":
+                full = _median_time(lambda x=x, y=y: workload.loss_sum(model(x), y).backward(), device, reps)
+                overhead.append(max(0.0, full - t_blocks))
+            model.zero_grad(set_to_none=True)
+    bps = []
+    for k, (name, blk) in enumerate(blocks):
+        pc = sum(p.numel() for p in blk.parameters())
+        bps.append(
+            BlockProfile(
+                name=name,
+                param_count=pc,
+                param_bytes=sum(p.numel() * p.element_size() for p in blk.parameters()),
+                buffer_bytes=sum(b.numel() * b.element_size() for b in blk.buffers()),
+                timing={
+                    p: BlockTiming(
+                        fwd_s=Fit.least_squares(list(micro_batches), [t[0] for t in times[p][k]]),
+                        bwd_s=Fit.least_squares(list(micro_batches), [t[1] for t in times[p][k]]),
+                    )
+                    for p in precisions
+                },
+                act_bytes={p: Fit.least_squares(list(micro_batches), acts[p][k]) for p in precisions},
+                out_bytes_per_sample=out_bytes[k],
+                flops_per_sample=flops[k],
+            )
+        )
+    opt_fits = {name: _profile_optimizer(model, name, device, reps) for name in ("adamw", "sgd")}
+    opt_fits["adam"] = opt_fits["adamw"]
+    fp = device_fingerprint(kind, device)
+    fp.update({"model": workload.spec, "micro_batches": ",".join(map(str, micro_batches)), "precisions": ",".join(precisions)})
+    return ModelProfile(
+        model=workload.spec,
+        device_kind=kind,
+        fingerprint=fp,
+        micro_batches=tuple(micro_batches),
+        blocks=tuple(bps),
+        opt_step_s=opt_fits,
+        step_overhead_s=statistics.median(overhead) if overhead else 0.0,
+        input_bytes_per_sample=input_bytes,
+    )
+
+
+def _flops(fwd: Callable[[], object], mb: int) -> float:
+    try:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        with FlopCounterMode(display=False) as fc:
+            fwd()
+        return fc.get_total_flops() / mb
+    except Exception:  # FLOPs are informative only
+        return 0.0
+
+
+def _profile_optimizer(model: nn.Module, kind: str, device: torch.device, reps: int) -> Fit:
+    """Optimizer step time per block's parameters, fitted against parameter count."""
+    xs, ys = [], []
+    groups = [list(b.parameters()) for b in model.children()]
+    groups.append(list(model.parameters()))
+    for params in groups:
+        if not params:
+            continue
+        for p in params:
+            p.grad = torch.randn_like(p)
+        opt = make_optimizer(kind, params, 1e-3)
+        opt.step()  # lazily creates the state
+        xs.append(float(sum(p.numel() for p in params)))
+        ys.append(_median_time(opt.step, device, reps, warmup=0))
+    for p in model.parameters():
+        p.grad = None
+    return Fit.least_squares(xs, ys)

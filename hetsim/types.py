@@ -1,0 +1,86 @@
+"""Plain, frozen, JSON round-trippable values shared by every stage of the flow.
+
+Units are in field names (`_s`, `_bytes`, `_bps`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Fit:
+    """y = intercept + slope * x, fitted by least squares."""
+
+    intercept: float
+    slope: float
+
+    def __call__(self, x: float) -> float:
+        return max(0.0, self.intercept + self.slope * x)
+
+    @staticmethod
+    def least_squares(xs: list[float], ys: list[float]) -> Fit:
+        n = len(xs)
+        if n == 1:
+            return Fit(intercept=0.0, slope=ys[0] / xs[0] if xs[0] else 0.0)
+        mx, my = sum(xs) / n, sum(ys) / n
+        sxx = sum((x - mx) ** 2 for x in xs)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+        return Fit(intercept=my - slope * mx, slope=slope)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryBreakdown:
+    """Bytes one device holds at its peak, by category."""
+
+    params_bytes: int = 0
+    grads_bytes: int = 0
+    optim_bytes: int = 0
+    activations_bytes: int = 0
+    other_bytes: int = 0
+    """Communication buffers, temporaries, fixed overhead."""
+    host_bytes: int = 0
+    """Bytes moved to host memory by offload (not counted in total_bytes)."""
+
+    @property
+    def total_bytes(self) -> int:
+        return self.params_bytes + self.grads_bytes + self.optim_bytes + self.activations_bytes + self.other_bytes
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Prediction:
+    step_time_s: float
+    samples_per_s: float
+    peak_mem_bytes: tuple[int, ...]
+    """Per device of the plan, in plan order."""
+    memory: tuple[MemoryBreakdown, ...]
+    capacity_bytes: tuple[int, ...]
+    feasible: bool
+    violations: tuple[str, ...] = ()
+    """Why infeasible: which device, how many bytes over."""
+    bubble_fraction: float = 0.0
+    breakdown_s: dict[str, float] = field(default_factory=dict)
+    """Where the step's time goes on the critical device (compute, exposed comm, optimizer...)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Measurement:
+    status: str
+    """'ok', 'oom', 'timeout', 'error' (a crash, a signal) or 'nonfinite' (loss became NaN/inf)."""
+    step_time_s: float | None = None
+    samples_per_s: float | None = None
+    peak_mem_bytes: tuple[int, ...] | None = None
+    memory: tuple[MemoryBreakdown, ...] | None = None
+    error: str | None = None
+    step_times_s: tuple[float, ...] = ()
+    """Median step time of each rank."""
+    wall_s: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TimelineEvent:
+    resource: str
+    kind: str
+    label: str
+    start_s: float
+    end_s: float

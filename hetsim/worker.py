@@ -1,0 +1,232 @@
+"""The per-rank entry point of every real run, started by torchrun:
+
+    python -m torch.distributed.run --standalone --nproc-per-node N -m hetsim.worker JOB.json
+
+It builds the strategy's executor for this rank, measures one instrumented step
+for memory (checked against the emulated cap), then warm-up and timed steps,
+and writes `rank{R}.json` into the job's folder before tearing down (a gloo
+group can abort at exit after all work is done).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hetsim.serial import dump_json, from_dict, to_dict
+from hetsim.types import MemoryBreakdown
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Fault:
+    """Injected fault, for tests: 'oom', 'kill', 'hang', 'nan' or 'raise' on one rank."""
+
+    kind: str
+    rank: int = 0
+    at_step: int = 0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Job:
+    task: str
+    """'train' (measure a plan), 'grads' (compare with the single-process gradient), 'commbench'."""
+    plan: dict = field(default_factory=dict)
+    workload: str = ""
+    optimizer: str = "adamw"
+    global_batch: int = 0
+    devices: tuple[dict, ...] = ()
+    """Device dicts of the plan, in rank order."""
+    steps: int = 5
+    warmup: int = 2
+    """Untimed steps before the timed ones (at least 2: step 1 is instrumented for memory)."""
+    seed: int = 0
+    out_dir: str = ""
+    fault: Fault | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankResult:
+    rank: int
+    status: str
+    step_times_s: tuple[float, ...] = ()
+    memory: MemoryBreakdown | None = None
+    losses: tuple[float, ...] = ()
+    error: str | None = None
+    grad_rel_err: float | None = None
+    grad_names: tuple[str, ...] = ()
+    extra: dict = field(default_factory=dict)
+
+
+def _device_for(dev: dict, local_rank: int):
+    import torch
+
+    if dev.get("backend") == "cuda":
+        torch.cuda.set_device(dev.get("index", local_rank))
+        return torch.device("cuda", dev.get("index", local_rank))
+    return torch.device("cpu")
+
+
+def _inject(fault: Fault | None, rank: int, step: int) -> None:
+    if fault is None or fault.rank != rank or fault.at_step != step:
+        return
+    if fault.kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if fault.kind == "hang":
+        time.sleep(3600)
+    if fault.kind == "raise":
+        raise RuntimeError("injected crash")
+
+
+def run_job(job: Job) -> RankResult:
+    import torch
+    import torch.distributed as dist
+
+    from hetsim import strategies
+    from hetsim.emulation import Emulator
+    from hetsim.errors import EmulatedOutOfMemoryError
+    from hetsim.memtrack import measure_step
+    from hetsim.strategies.base import WorkerContext
+    from hetsim.workloads import workload_from_spec
+
+    torch.set_num_threads(1)
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    dev = job.devices[rank]
+    device = _device_for(dev, local_rank)
+    backend = "nccl" if device.type == "cuda" and all(d.get("backend") == "cuda" for d in job.devices) else "gloo"
+    dist.init_process_group(backend=backend)
+    if job.task == "commbench":
+        from hetsim.commbench import run_commbench
+
+        return RankResult(rank=rank, status="ok", extra=run_commbench(device))
+
+    emulator = None
+    if dev.get("backend") == "emulated":
+        emulator = Emulator(float(dev["speed"]), int(dev["memory_bytes"]), dev.get("name", f"rank {rank}"))
+    wl = workload_from_spec(job.workload, job.optimizer)
+    plan = strategies.plan_from_dict(job.plan)
+    strat = strategies.get(plan.strategy)
+    ctx = WorkerContext(rank=rank, world_size=world, device=device, workload=wl, global_batch=job.global_batch,
+                        seed=job.seed, emulator=emulator, backend=backend)
+    ex = strat.executor(plan, ctx)
+
+    if job.task == "grads":
+        grads = ex.compute_grads()
+        ref = _reference_grads(wl, job.global_batch, job.seed)
+        err = 0.0
+        for name, g in grads.items():
+            r = ref[name]
+            err = max(err, float((g.float() - r).norm() / (r.norm() + 1e-12)))
+        return RankResult(rank=rank, status="ok", grad_rel_err=err, grad_names=tuple(sorted(grads)))
+
+    losses: list[float] = []
+
+    def checked_step(i: int) -> None:
+        _inject(job.fault, rank, i)
+        loss = ex.step()
+        if job.fault is not None and job.fault.kind == "nan" and job.fault.rank == rank and i >= job.fault.at_step:
+            loss = float("nan")
+        if loss is not None:
+            losses.append(float(loss))
+            if not math.isfinite(float(loss)):
+                raise FloatingPointError(f"non-finite loss {loss} at step {i} on rank {rank}")
+
+    # Step 0 warms up (the optimizer creates its state lazily); step 1 is instrumented for
+    # memory, so its peak holds the steady state: parameters, gradients, optimizer state and
+    # the activations of a step all at once.  Timing comes from the uninstrumented steps.
+    model = getattr(ex, "model", None)
+    opt = getattr(ex, "opt", None)
+    checked_step(0)
+    if emulator is not None:
+        emulator.enabled = False
+    mem = measure_step(lambda: checked_step(1), model, opt, device)
+    if emulator is not None:
+        emulator.enabled = True
+    if job.fault is not None and job.fault.kind == "oom" and job.fault.rank == rank:
+        mem = MemoryBreakdown(other_bytes=int(dev["memory_bytes"]) + 1)
+    if emulator is not None:
+        try:
+            emulator.check_memory(mem.total_bytes)
+        except EmulatedOutOfMemoryError as e:
+            return RankResult(rank=rank, status="oom", memory=mem, error=str(e))
+    for i in range(2, job.warmup):
+        checked_step(i)
+    dist.barrier()
+    times = []
+    for i in range(job.steps):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        checked_step(job.warmup + i)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t)
+    return RankResult(rank=rank, status="ok", step_times_s=tuple(times), memory=mem, losses=tuple(losses))
+
+
+def _reference_grads(wl, global_batch: int, seed: int):
+    """Single-process full-batch gradient (mean loss over the global batch)."""
+    import torch
+
+    torch.manual_seed(0)
+    model = wl.model()
+    x, y = wl.make_batch(global_batch, seed)
+    (wl.loss_sum(model(x), y) / global_batch).backward()
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def classify(exc: BaseException) -> str:
+    from hetsim.errors import EmulatedOutOfMemoryError
+
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, (EmulatedOutOfMemoryError, MemoryError)) or "out of memory" in text.lower():
+        return "oom"
+    if isinstance(exc, FloatingPointError):
+        return "nonfinite"
+    return "error"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    job = from_dict(Job, json.loads(Path(argv[0]).read_text()))
+    rank = int(os.environ.get("RANK", "0"))
+    out = Path(job.out_dir) / f"rank{rank}.json"
+    try:
+        res = run_job(job)
+    except BaseException as e:  # every failure is reported as data, then the rank exits non-zero
+        tail = "".join(traceback.format_exception(type(e), e, e.__traceback__))[-2000:]
+        res = RankResult(rank=rank, status=classify(e), error=f"{type(e).__name__}: {e}\n{tail}")
+    dump_json(res, out)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    code = 0 if res.status == "ok" else 3
+    if res.status == "ok":
+        try:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.barrier()
+                dist.destroy_process_group()
+        except Exception:  # results are written; teardown problems do not change them
+            pass
+    os._exit(code)  # skip interpreter teardown: gloo can abort there after all work is done
+
+
+def summarize_steps(results: list[RankResult]) -> tuple[float, tuple[float, ...]]:
+    meds = tuple(statistics.median(r.step_times_s) for r in results if r.step_times_s)
+    return (max(meds) if meds else float("nan")), meds
+
+
+__all__ = ["Fault", "Job", "RankResult", "main", "to_dict"]
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The Optuna search over every registered strategy, and the CLI (`python -m hetsim.search`)."""

@@ -1,0 +1,161 @@
+"""What a strategy is: a family of plans with three faces (search space, simulation, real run)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from hetsim.errors import InfeasiblePlanError
+from hetsim.simulator import Schedule, TaskGraph, run_graph
+from hetsim.types import MemoryBreakdown, Prediction
+
+if TYPE_CHECKING:  # torch and optuna stay out of the simulation path
+    import optuna
+    import torch
+
+    from hetsim.costmodel import CostModel
+    from hetsim.workloads import Workload
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """Base of every plan: the knobs every family accepts."""
+
+    strategy: str
+    devices: tuple[int, ...]
+    """Cluster device indices, in rank order (rank r runs on devices[r])."""
+    precision: str = "fp32"
+    """'fp32', 'bf16' or 'fp16' (autocast; fp16 with loss scaling, CUDA only)."""
+    checkpoint_blocks: int = 0
+    """Activation checkpointing on the first k blocks of the model (0: none)."""
+
+    @property
+    def global_batch(self) -> int:
+        raise NotImplementedError
+
+
+@dataclass
+class SearchContext:
+    """What a strategy's search space may look at."""
+
+    cost: CostModel
+    global_batch: int
+    precisions: tuple[str, ...] = ("fp32",)
+    checkpointing: bool = True
+    min_local_batch: int = 1
+    max_accum: int = 4
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class WorkerContext:
+    """What a strategy's real run gets on one rank."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    workload: Workload
+    global_batch: int
+    seed: int = 0
+    emulator: Any = None
+    """hetsim.emulation.Emulator: throttles compute, accounts memory (None on real GPUs)."""
+    backend: str = "gloo"
+
+
+class Executor(Protocol):
+    def step(self) -> float | None:
+        """One full training step (forward, backward, optimizer); returns this rank's loss if it has one."""
+
+    def compute_grads(self) -> dict[str, torch.Tensor]:
+        """Forward and backward on the fixed batch, no optimizer step: full gradients of the
+        parameters this rank holds, by name in the unwrapped model."""
+
+
+class Strategy(ABC):
+    name: ClassVar[str]
+    plan_type: ClassVar[type[Plan]]
+    display_name: ClassVar[str] = ""
+
+    @abstractmethod
+    def space(self, trial: optuna.Trial, ctx: SearchContext) -> Plan:
+        """Suggest the outer knobs with `trial`, solve the inner ones exactly, return a plan.
+        Raise InfeasiblePlanError when no valid plan exists for these choices."""
+
+    @abstractmethod
+    def graph(self, plan: Plan, cost: CostModel) -> TaskGraph:
+        """The plan's step as tasks on per-device resources, in program order."""
+
+    @abstractmethod
+    def memory(self, plan: Plan, cost: CostModel) -> tuple[MemoryBreakdown, ...]:
+        """Peak bytes per plan device."""
+
+    @abstractmethod
+    def executor(self, plan: Plan, ctx: WorkerContext) -> Executor:
+        """Build the real run for this rank (inside an initialised process group)."""
+
+    def label(self, plan: Plan) -> str:
+        return f"{self.name} on {list(plan.devices)}"
+
+    def validate(self, plan: Plan, cost: CostModel) -> None:
+        """Raise InfeasiblePlanError with the value, the limit and what to do."""
+        n = cost.n_devices
+        bad = [d for d in plan.devices if not 0 <= d < n]
+        if bad or not plan.devices:
+            raise InfeasiblePlanError(f"plan uses device(s) {bad or '[]'}; the cluster has devices 0..{n - 1}")
+        if len(set(plan.devices)) != len(plan.devices):
+            raise InfeasiblePlanError(f"plan lists a device twice: {list(plan.devices)}")
+
+    def predict(self, plan: Plan, cost: CostModel) -> tuple[Prediction, Schedule, TaskGraph]:
+        self.validate(plan, cost)
+        g = self.graph(plan, cost)
+        sched = run_graph(g)
+        mem = self.memory(plan, cost)
+        caps = tuple(cost.device(d).memory_bytes for d in plan.devices)
+        violations = []
+        for i, (m, cap) in enumerate(zip(mem, caps)):
+            if m.total_bytes > cap:
+                d = cost.device(plan.devices[i])
+                violations.append(
+                    f"device {plan.devices[i]} ({d.name}) needs {m.total_bytes / 2**20:.0f} MiB "
+                    f"(params {m.params_bytes / 2**20:.0f}, grads {m.grads_bytes / 2**20:.0f}, "
+                    f"optimizer {m.optim_bytes / 2**20:.0f}, activations {m.activations_bytes / 2**20:.0f}, "
+                    f"other {m.other_bytes / 2**20:.0f}) > capacity {cap / 2**20:.0f} MiB, "
+                    f"{(m.total_bytes - cap) / 2**20:.0f} MiB over"
+                )
+        host_need = sum(m.host_bytes for m in mem)
+        host_cap = cost.cluster.host_memory_bytes
+        if host_need and host_cap and host_need > host_cap:
+            violations.append(f"host memory: offload needs {host_need / 2**30:.1f} GiB > {host_cap / 2**30:.1f} GiB of RAM")
+        step = sched.makespan_s
+        gb = plan.global_batch
+        busy = [sched.busy_s(g, f"dev{d}", {"F", "B", "W", "opt", "recompute"}) for d in plan.devices]
+        bubble = 1.0 - (sum(busy) / (len(busy) * step)) if step > 0 and busy else 0.0
+        pred = Prediction(
+            step_time_s=step,
+            samples_per_s=gb / step if step > 0 else 0.0,
+            peak_mem_bytes=tuple(m.total_bytes for m in mem),
+            memory=mem,
+            capacity_bytes=caps,
+            feasible=not violations,
+            violations=tuple(violations),
+            bubble_fraction=max(0.0, bubble),
+            breakdown_s=self.breakdown(plan, cost, g, sched),
+        )
+        return pred, sched, g
+
+    def breakdown(self, plan: Plan, cost: CostModel, g: TaskGraph, sched: Schedule) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for t in g.tasks:
+            out[t.kind] = out.get(t.kind, 0.0) + (sched.end_s[t.tid] - sched.start_s[t.tid])
+        return out
+
+    @abstractmethod
+    def examples(self, ctx: SearchContext) -> list[Plan]:
+        """A few representative valid plans on ctx's cluster (the contract suite runs them)."""
+
+    def baseline(self, ctx: SearchContext) -> Plan | None:
+        """The plan a user would run by default with this family (None: no baseline)."""
+        return None

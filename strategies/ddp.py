@@ -1,0 +1,330 @@
+"""`ddp`: data parallel with an uneven batch per device and gradient accumulation.
+
+Real run: torch's DistributedDataParallel.  Each rank's loss is its per-sample
+loss sum scaled by world_size / global_batch, so DDP's gradient average equals
+the full-batch gradient whatever the split.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from hetsim.errors import InfeasiblePlanError
+from hetsim.simulator import TaskGraph
+from hetsim.types import MemoryBreakdown
+
+from . import register
+from .base import Plan, SearchContext, Strategy, WorkerContext
+
+if TYPE_CHECKING:
+    from hetsim.costmodel import CostModel
+
+BUCKET_CAP_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
+FIRST_BUCKET_BYTES = 1 * 2**20  # DDP's first (smallest) bucket
+
+
+@dataclass(frozen=True, kw_only=True)
+class DDPPlan(Plan):
+    strategy: str = "ddp"
+    local_batch: tuple[int, ...]
+    """Samples per optimizer step on each plan device (uneven on mismatched devices)."""
+    accum_steps: int = 1
+    """Gradient-accumulation micro-steps per optimizer step (no_sync on all but the last)."""
+
+    @property
+    def global_batch(self) -> int:
+        return sum(self.local_batch)
+
+
+def micro_sizes(local: int, accum: int) -> list[int]:
+    base, rem = divmod(local, accum)
+    return [base + (1 if j < rem else 0) for j in range(accum)]
+
+
+def buckets(cost: CostModel) -> list[tuple[int, int]]:
+    """DDP gradient buckets as (lowest block, bytes), in the order they become ready (last block first)."""
+    out: list[tuple[int, int]] = []
+    cap, size, low = FIRST_BUCKET_BYTES, 0, None
+    for k in reversed(range(cost.facts.n_blocks)):
+        pb = cost.param_bytes(k, k + 1)
+        if pb == 0:
+            continue
+        size += pb
+        low = k
+        if size >= cap:
+            out.append((low, size))
+            cap, size, low = BUCKET_CAP_BYTES, 0, None
+    if size:
+        out.append((low, size))  # type: ignore[arg-type]
+    return out
+
+
+def data_parallel_memory(cost: CostModel, dev: int, micro: int, precision: str, ckpt: int,
+                         *, shard: int = 1, zero_stage: int = 0, offload: bool = False) -> MemoryBreakdown:
+    """Bytes one data-parallel rank holds; shared with the `zero` family."""
+    n = cost.facts.n_blocks
+    p = cost.param_bytes()
+    count = cost.param_count()
+    opt = cost.optim_state_bytes(count)
+    params, grads, optim = p, p, opt
+    if zero_stage >= 1:
+        optim = opt // shard
+    if zero_stage >= 2:
+        grads = p // shard
+    if zero_stage >= 3:
+        params = p // shard
+    host = 0
+    if offload:
+        host = params + grads + optim
+        params, grads, optim = 0, 0, 0
+    acts = cost.act_bytes(0, n, micro, precision, ckpt)
+    return MemoryBreakdown(
+        params_bytes=params + cost.buffer_bytes(),
+        grads_bytes=grads,
+        optim_bytes=optim,
+        activations_bytes=acts,
+        other_bytes=0,
+        host_bytes=host,
+    )
+
+
+def balance_batch(cost: CostModel, devices: tuple[int, ...], global_batch: int, accum: int,
+                  precision: str, ckpt: int, min_local: int) -> tuple[int, ...]:
+    """Exact min-max split: each next sample goes to the device that finishes it soonest.
+
+    Per-device step time is non-decreasing in its batch, so this greedy is optimal for
+    the slowest-device objective.  Memory caps bound each device's share when they can.
+    """
+    n = cost.facts.n_blocks
+    floor = max(min_local, accum)
+    if floor * len(devices) > global_batch:
+        raise InfeasiblePlanError(
+            f"global batch {global_batch} cannot give each of {len(devices)} devices at least {floor} samples "
+            f"(min local batch {min_local}, {accum} accumulation steps); raise --global-batch or use fewer devices"
+        )
+
+    def step_time(i: int, b: int) -> float:
+        d = devices[i]
+        t = sum(cost.fwd_s(d, 0, n, m, precision) + cost.bwd_s(d, 0, n, m, precision)
+                + cost.recompute_s(d, 0, n, m, precision, ckpt) + cost.overhead_s(d)
+                for m in micro_sizes(b, accum))
+        return t + cost.opt_s(d, cost.param_count())
+
+    def fits(i: int, b: int) -> bool:
+        d = devices[i]
+        m = data_parallel_memory(cost, d, -(-b // accum), precision, ckpt)
+        return m.total_bytes <= cost.device(d).memory_bytes
+
+    local = [floor] * len(devices)
+    for respect_memory in (True, False):
+        local = [floor] * len(devices)
+        ok = True
+        for _ in range(global_batch - floor * len(devices)):
+            choices = [(step_time(i, local[i] + 1), i) for i in range(len(devices))
+                       if not respect_memory or fits(i, local[i] + 1)]
+            if not choices:
+                ok = False
+                break
+            _, best = min(choices)
+            local[best] += 1
+        if ok:
+            break
+    return tuple(local)
+
+
+def choose_devices(trial, ctx: SearchContext) -> tuple[int, ...]:
+    n = ctx.cost.n_devices
+    if n == 1:
+        return (0,)
+    used = tuple(i for i in range(n) if trial.suggest_categorical(f"use_dev{i}", [True, False]))
+    if not used:
+        raise InfeasiblePlanError("the trial chose no device")
+    return used
+
+
+def choose_common(trial, ctx: SearchContext, devices: tuple[int, ...]) -> tuple[str, int]:
+    cost = ctx.cost
+    precs = [p for p in ctx.precisions if all(_precision_ok(cost, d, p) for d in devices)] or ["fp32"]
+    precision = trial.suggest_categorical("precision", list(ctx.precisions))
+    if precision not in precs:
+        raise InfeasiblePlanError(f"precision {precision} is not supported by every chosen device")
+    n = cost.facts.n_blocks
+    ckpt = trial.suggest_categorical("checkpoint_blocks", [0, n // 2, n]) if ctx.checkpointing else 0
+    return precision, ckpt
+
+
+def _precision_ok(cost: CostModel, dev: int, precision: str) -> bool:
+    d = cost.device(dev)
+    if precision == "bf16":
+        return d.supports_bf16
+    if precision == "fp16":
+        return d.backend != "emulated"  # fp16 autocast with loss scaling is CUDA-only
+    return True
+
+
+def data_parallel_graph(cost: CostModel, devices: tuple[int, ...], local_batch: tuple[int, ...], accum: int,
+                        precision: str, ckpt: int, opt_params: list[float],
+                        extra_before_opt=None) -> TaskGraph:
+    """Per-device micro-steps, DDP bucketed all-reduce after the last backward, optimizer step."""
+    n = cost.facts.n_blocks
+    g = TaskGraph()
+    bwd_done: dict[tuple[int, int], int] = {}
+    for i, d in enumerate(devices):
+        res = f"dev{d}"
+        micro = micro_sizes(local_batch[i], accum)
+        for j, m in enumerate(micro):
+            g.add(res, "F", cost.fwd_s(d, 0, n, m, precision) + cost.overhead_s(d), label=f"F{j}")
+            last = j == len(micro) - 1
+            for k in reversed(range(n)):
+                dur = cost.bwd_s(d, k, k + 1, m, precision) + cost.recompute_s(d, k, k + 1, m, precision, ckpt)
+                tid = g.add(res, "B", dur, label=f"B{j}.{k}")
+                if last:
+                    bwd_done[(i, k)] = tid
+    group = tuple(devices)
+    comm = []
+    for low, nbytes in buckets(cost):
+        deps = [bwd_done[(i, low)] for i in range(len(devices))]
+        comm.append(g.add("comm", "allreduce", cost.allreduce_s(nbytes, group), deps, label=f"allreduce {nbytes >> 20} MiB"))
+    for i, d in enumerate(devices):
+        deps = list(comm)
+        if extra_before_opt is not None:
+            deps += extra_before_opt(g, i, d)
+        g.add(f"dev{d}", "opt", cost.opt_s(d, opt_params[i]), deps, label="opt")
+    return g
+
+
+@register
+class DDP(Strategy):
+    name = "ddp"
+    plan_type = DDPPlan
+    display_name = "data parallel (uneven batch)"
+
+    def space(self, trial, ctx: SearchContext) -> DDPPlan:
+        devices = choose_devices(trial, ctx)
+        precision, ckpt = choose_common(trial, ctx, devices)
+        accum = 1
+        if not ctx.cost.facts.batch_coupled:
+            accum = trial.suggest_categorical("accum_steps", [a for a in (1, 2, 4) if a <= ctx.max_accum])
+        local = balance_batch(ctx.cost, devices, ctx.global_batch, accum, precision, ckpt, self.min_local(ctx))
+        return DDPPlan(devices=devices, local_batch=local, accum_steps=accum, precision=precision, checkpoint_blocks=ckpt)
+
+    @staticmethod
+    def min_local(ctx: SearchContext) -> int:
+        # BatchNorm needs more than one value per channel in every micro-batch.
+        return max(ctx.min_local_batch, 2 if ctx.cost.facts.has_batchnorm else 1)
+
+    def examples(self, ctx: SearchContext) -> list[DDPPlan]:
+        n = ctx.cost.n_devices
+        gb = ctx.global_batch
+        devs = tuple(range(n))
+        uneven = tuple([gb - (gb // (n + 1)) * (n - 1)] + [gb // (n + 1)] * (n - 1)) if n > 1 else (gb,)
+        return [
+            self.baseline(ctx),
+            DDPPlan(devices=devs, local_batch=uneven, accum_steps=2),
+            DDPPlan(devices=devs, local_batch=uneven, checkpoint_blocks=ctx.cost.facts.n_blocks // 2),
+        ]
+
+    def baseline(self, ctx: SearchContext) -> DDPPlan:
+        """What a user runs by default: every device, the same local batch, fp32, no accumulation."""
+        n = ctx.cost.n_devices
+        base, rem = divmod(ctx.global_batch, n)
+        local = tuple(base + (1 if i < rem else 0) for i in range(n))
+        return DDPPlan(devices=tuple(range(n)), local_batch=local)
+
+    def validate(self, plan: DDPPlan, cost) -> None:
+        super().validate(plan, cost)
+        if len(plan.local_batch) != len(plan.devices):
+            raise InfeasiblePlanError(
+                f"ddp plan has {len(plan.local_batch)} local batches for {len(plan.devices)} devices; give one per device"
+            )
+        if plan.accum_steps < 1 or min(plan.local_batch) < plan.accum_steps:
+            raise InfeasiblePlanError(
+                f"ddp plan local batches {list(plan.local_batch)} must each be >= accum_steps ({plan.accum_steps})"
+            )
+
+    def label(self, plan: DDPPlan) -> str:
+        s = f"ddp {'/'.join(map(str, plan.local_batch))} on dev {','.join(map(str, plan.devices))}"
+        if plan.accum_steps > 1:
+            s += f" accum {plan.accum_steps}"
+        if plan.precision != "fp32":
+            s += f" {plan.precision}"
+        if plan.checkpoint_blocks:
+            s += f" ckpt {plan.checkpoint_blocks}"
+        return s
+
+    def graph(self, plan: DDPPlan, cost) -> TaskGraph:
+        count = cost.param_count()
+        return data_parallel_graph(cost, plan.devices, plan.local_batch, plan.accum_steps, plan.precision,
+                                   plan.checkpoint_blocks, [count] * len(plan.devices))
+
+    def memory(self, plan: DDPPlan, cost) -> tuple[MemoryBreakdown, ...]:
+        return tuple(
+            data_parallel_memory(cost, d, -(-b // plan.accum_steps), plan.precision, plan.checkpoint_blocks)
+            for d, b in zip(plan.devices, plan.local_batch)
+        )
+
+    def executor(self, plan: DDPPlan, ctx: WorkerContext):
+        return DDPExecutor(plan, ctx)
+
+
+class DDPExecutor:
+    def __init__(self, plan: DDPPlan, ctx: WorkerContext):
+        import torch
+        from torch.nn.parallel import DistributedDataParallel
+
+        from ._common import apply_checkpointing
+
+        self.plan, self.ctx = plan, ctx
+        wl = ctx.workload
+        model = wl.model().to(ctx.device)
+        if ctx.emulator is not None:
+            ctx.emulator.attach(model.children())
+        apply_checkpointing(model, plan.checkpoint_blocks)
+        self.model = model
+        kw = {"device_ids": [ctx.device.index]} if ctx.device.type == "cuda" else {}
+        self.ddp = DistributedDataParallel(model, gradient_as_bucket_view=True, **kw)
+        self.opt = wl.make_optimizer(self.ddp.parameters())
+        if ctx.emulator is not None:
+            ctx.emulator.wrap_optimizer(self.opt)
+        self.scaler = torch.amp.GradScaler("cuda") if plan.precision == "fp16" else None
+        x, y = wl.make_batch(plan.global_batch, ctx.seed)
+        lo = sum(plan.local_batch[: ctx.rank])
+        hi = lo + plan.local_batch[ctx.rank]
+        sizes = micro_sizes(hi - lo, plan.accum_steps)
+        xs = torch.split(x[lo:hi], sizes)
+        ys = torch.split(y[lo:hi], sizes)
+        self.micro = [(a.to(ctx.device), b.to(ctx.device)) for a, b in zip(xs, ys)]
+        self.scale = ctx.world_size / plan.global_batch
+
+    def _forward_backward(self) -> float:
+        from ._common import autocast
+
+        total = 0.0
+        for j, (x, y) in enumerate(self.micro):
+            sync = j == len(self.micro) - 1
+            with (contextlib.nullcontext() if sync else self.ddp.no_sync()):
+                with autocast(self.ctx.device, self.plan.precision):
+                    out = self.ddp(x)
+                loss = self.ctx.workload.loss_sum(out.float(), y) * self.scale
+                (self.scaler.scale(loss) if self.scaler else loss).backward()
+            total += float(loss.detach())
+        return total
+
+    def step(self) -> float:
+        loss = self._forward_backward()
+        if self.scaler:
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        else:
+            self.opt.step()
+        self.opt.zero_grad(set_to_none=False)
+        return loss
+
+    def compute_grads(self):
+        from ._common import full_grads
+
+        self.opt.zero_grad(set_to_none=True)
+        self._forward_backward()
+        return full_grads(self.ddp)

@@ -1,0 +1,44 @@
+"""Shared fixtures: a small measured profile (gn_resnet, 32 px) and cost models on emulated clusters."""
+
+from __future__ import annotations
+
+import pytest
+
+from hetsim.cluster import parse_cluster
+from hetsim.costmodel import CostModel
+from hetsim.profiles import CommProfile, ProfileSet
+from hetsim.types import Fit
+
+
+@pytest.fixture(scope="session")
+def gn_profile():
+    import torch
+
+    from hetsim.profiling import profile_device, profile_model
+    from hetsim.workloads import load_workload
+
+    torch.set_num_threads(1)
+    wl = load_workload("gn_resnet", 32)
+    model = profile_model(wl, "emu-cpu", torch.device("cpu"), (2, 4, 8), ("fp32", "bf16"), reps=1)
+    dev = profile_device("emu-cpu", torch.device("cpu"))
+    return wl, model, dev
+
+
+def synthetic_comm(ws: int) -> CommProfile:
+    # 100 us latency, 1 GB/s: a plausible gloo-on-loopback figure; unit tests need a value, not a measurement.
+    return CommProfile(backend="gloo", world_size=ws, fingerprint={}, allreduce_s=Fit(intercept=1e-4, slope=1e-9),
+                       allgather_s=Fit(intercept=1e-4, slope=0.5e-9), sendrecv_s=Fit(intercept=5e-5, slope=0.5e-9))
+
+
+@pytest.fixture
+def make_cost(gn_profile):
+    wl, model, dev = gn_profile
+
+    def make(spec: str = "emu:1.0@4G,0.5@4G", optimizer: str = "adamw") -> CostModel:
+        cluster = parse_cluster(spec)
+        n = len(cluster.devices)
+        ps = ProfileSet(models={"emu-cpu": model}, devices={"emu-cpu": dev},
+                        comm={k: synthetic_comm(k) for k in range(2, max(2, n) + 1)})
+        return CostModel(cluster, ps, optimizer, has_batchnorm=wl.has_batchnorm)
+
+    return make
