@@ -9,10 +9,11 @@ import csv
 import difflib
 import os
 import re
-import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+
+import tomllib
 
 from hetsim.errors import ClusterSpecError, UnknownNameError
 

@@ -25,8 +25,36 @@ def measure_step(fn: Callable[[], object], model: nn.Module, optimizer, device: 
 
     mt = MemTracker()
     mt.track_external(*(m for m in (model, optimizer) if m is not None))
-    with mt:
-        fn()
+    # MemTracker refuses a second top-level forward in one context (accumulation micro-steps,
+    # pipeline micro-batches) unless its module stats are reset; the device peak survives the reset.
+    depth = [0]
+
+    def in_backward() -> bool:
+        return bool(getattr(getattr(mt, "_mod_tracker", None), "is_bw", False))
+
+    def pre(mod, args):
+        if in_backward():  # checkpoint recomputation: MemTracker handles it
+            return
+        if depth[0] == 0 and mod in mt.memory_tracking:
+            mt.reset_mod_stats()
+        depth[0] += 1
+
+    def post(mod, args, out):
+        if not in_backward():
+            depth[0] -= 1
+
+    from torch.nn.modules.module import (
+        register_module_forward_hook,
+        register_module_forward_pre_hook,
+    )
+
+    handles = [register_module_forward_pre_hook(pre), register_module_forward_hook(post, always_call=True)]
+    try:
+        with mt:
+            fn()
+    finally:
+        for h in handles:
+            h.remove()
     snap = mt.get_tracker_snapshot("peak")
     dev_snap = next(iter(snap.values())) if snap else {}
     by = {str(k).rsplit(".", 1)[-1]: int(v) for k, v in dev_snap.items()}

@@ -156,7 +156,7 @@ def profile_model(
                 with _autocast(device, prec):
                     out, saved = _saved_bytes(lambda blk=blk, inp=inp: blk(inp), param_ptrs)
                 if k == len(blocks) - 1:
-                    def make_loss(blk=blk, inp=inp):
+                    def make_loss(blk=blk, inp=inp, prec=prec, y=y):
                         with _autocast(device, prec):
                             o = blk(inp)
                         return workload.loss_sum(o.float(), y)
@@ -164,11 +164,11 @@ def profile_model(
                     make_loss = None
                 grad = torch.randn_like(out)
 
-                def fwd(blk=blk, inp=inp):
+                def fwd(blk=blk, inp=inp, prec=prec):
                     with torch.no_grad(), _autocast(device, prec):
                         return blk(inp)
 
-                def fwd_bwd(blk=blk, inp=inp, grad=grad, make_loss=make_loss):
+                def fwd_bwd(blk=blk, inp=inp, grad=grad, make_loss=make_loss, prec=prec):
                     if make_loss is not None:
                         make_loss().backward()
                     else:
@@ -177,7 +177,7 @@ def profile_model(
                         o.backward(grad)
 
                 # Forward with autograd recording (as in training) for the fwd time.
-                def fwd_train(blk=blk, inp=inp):
+                def fwd_train(blk=blk, inp=inp, prec=prec):
                     with _autocast(device, prec):
                         return blk(inp)
 

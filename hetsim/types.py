@@ -19,13 +19,17 @@ class Fit:
         return max(0.0, self.intercept + self.slope * x)
 
     @staticmethod
-    def least_squares(xs: list[float], ys: list[float]) -> Fit:
+    def least_squares(xs: list[float], ys: list[float], nonneg: bool = True) -> Fit:
+        """Least-squares line; with nonneg, a negative slope (timing noise) becomes a flat mean, so
+        that time and bytes never decrease with size (the batch-split solver relies on it)."""
         n = len(xs)
         if n == 1:
             return Fit(intercept=0.0, slope=ys[0] / xs[0] if xs[0] else 0.0)
         mx, my = sum(xs) / n, sum(ys) / n
         sxx = sum((x - mx) ** 2 for x in xs)
         slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+        if nonneg and slope < 0:
+            return Fit(intercept=my, slope=0.0)
         return Fit(intercept=my - slope * mx, slope=slope)
 
 

@@ -14,7 +14,10 @@ def apply_checkpointing(model: nn.Sequential, k: int) -> None:
     """Wrap the first k blocks in non-reentrant activation checkpointing (torch's own wrapper)."""
     if k <= 0:
         return
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        checkpoint_wrapper,
+    )
 
     names = [n for n, _ in model.named_children()][:k]
     for n in names:

@@ -8,6 +8,7 @@ the full-batch gradient whatever the split.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -91,11 +92,13 @@ def data_parallel_memory(cost: CostModel, dev: int, micro: int, precision: str, 
 
 
 def balance_batch(cost: CostModel, devices: tuple[int, ...], global_batch: int, accum: int,
-                  precision: str, ckpt: int, min_local: int) -> tuple[int, ...]:
+                  precision: str, ckpt: int, min_local: int, *,
+                  memory_fn: Callable[[int, int], MemoryBreakdown] | None = None) -> tuple[int, ...]:
     """Exact min-max split: each next sample goes to the device that finishes it soonest.
 
     Per-device step time is non-decreasing in its batch, so this greedy is optimal for
-    the slowest-device objective.  Memory caps bound each device's share when they can.
+    the slowest-device objective.  Memory caps bound each device's share when they can;
+    `memory_fn(device, micro_batch)` gives a family's own memory model (default: plain DDP's).
     """
     n = cost.facts.n_blocks
     floor = max(min_local, accum)
@@ -114,7 +117,8 @@ def balance_batch(cost: CostModel, devices: tuple[int, ...], global_batch: int, 
 
     def fits(i: int, b: int) -> bool:
         d = devices[i]
-        m = data_parallel_memory(cost, d, -(-b // accum), precision, ckpt)
+        micro = -(-b // accum)
+        m = memory_fn(d, micro) if memory_fn else data_parallel_memory(cost, d, micro, precision, ckpt)
         return m.total_bytes <= cost.device(d).memory_bytes
 
     local = [floor] * len(devices)

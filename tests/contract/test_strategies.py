@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from hetsim.strategies.base import SearchContext
 
 from hetsim import strategies
 from hetsim.runner import device_dicts, launch
 from hetsim.serial import to_dict
-from hetsim.strategies.base import SearchContext
 from hetsim.worker import Job
 
 GLOBAL_BATCH = 8

@@ -1,0 +1,37 @@
+"""Sessions: tests, bench, lint, regen.  They run in the current environment (torch is a 5 GB
+install that a fresh virtualenv per session would download again); `pip install -e .[test]` first."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.default_venv_backend = "none"
+nox.options.sessions = ["lint", "tests"]
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Unit, contract, integration and regression tests (no timing assertions)."""
+    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=10", *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Fidelity suite and speed benchmarks (pytest-benchmark), saved under results/bench/."""
+    session.run(
+        "python", "-m", "pytest", "benchmarks", "-q", "-p", "no:cacheprovider",
+        "--benchmark-autosave", "--benchmark-storage=file://results/bench",
+        "--benchmark-compare-fail=mean:50%" if "--compare" in session.posargs else "--benchmark-columns=min,mean,max",
+        *[a for a in session.posargs if a != "--compare"],
+    )
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.run("ruff", "check", "hetsim", "strategies", "search", "tests", "noxfile.py")
+
+
+@nox.session
+def regen(session: nox.Session) -> None:
+    """Rewrite the golden expectations under results/golden/ from the recorded profiles; print the diff."""
+    session.run("python", "-m", "hetsim.golden", "--write", *session.posargs)

@@ -1,0 +1,152 @@
+"""`python -m hetsim.search`: the only place that reads argv."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from hetsim.errors import HetsimError
+
+
+def positive_int(name: str):
+    def conv(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} {text!r} is not a whole number") from None
+        if v <= 0:
+            raise argparse.ArgumentTypeError(f"{name} {text!r} must be > 0")
+        return v
+
+    return conv
+
+
+def positive_float(name: str):
+    def conv(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} {text!r} is not a number") from None
+        if not v > 0 or v == float("inf"):
+            raise argparse.ArgumentTypeError(f"{name} {text!r} must be a finite number > 0")
+        return v
+
+    return conv
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2, no usage dump
+        sys.stderr.write(f"hetsim: error: {message} (see --help)\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="python -m hetsim.search",
+               description="Search training plans for a (heterogeneous) cluster, run the best for real, report.")
+    p.add_argument("--model", default="resnet50", help="resnet50, resnet18, resnet18_gn, mlp, gn_resnet or module:function")
+    p.add_argument("--cluster", default=None, help="emu:SPEED@MEM,... | catalog:KEY[*N],... | cuda | FILE.toml "
+                                                   "(default: cuda if GPUs are present, else emu:1.0@4G,0.5@2G)")
+    p.add_argument("--global-batch", type=positive_int("--global-batch"), default=32)
+    p.add_argument("--image-size", type=positive_int("--image-size"), default=None,
+                   help="default: 224 on GPUs, 64 on emulated clusters")
+    p.add_argument("--strategies", default=None, help="comma-separated families (default: all registered)")
+    p.add_argument("--trials", type=positive_int("--trials"), default=100)
+    p.add_argument("--top-k", type=positive_int("--top-k"), default=3)
+    p.add_argument("--steps", type=positive_int("--steps"), default=5, help="timed steps per real run")
+    p.add_argument("--warmup", type=positive_int("--warmup"), default=3, help="untimed steps (at least 2: step 1 measures memory)")
+    p.add_argument("--timeout", type=positive_float("--timeout"), default=300.0, help="seconds per real run")
+    p.add_argument("--storage", default=None, help="Optuna storage URL (default: sqlite:///OUT/hetsim.db)")
+    p.add_argument("--study", default=None, help="study name; an existing study resumes")
+    p.add_argument("--out", default="results", help="output folder (profiles, studies, reports)")
+    p.add_argument("--no-execute", action="store_true", help="simulate and search only")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--reprofile", action="store_true", help="measure profiles again even if recorded ones match")
+    p.add_argument("--precisions", default=None, help="comma-separated from fp32,bf16,fp16 (default: fp32,bf16)")
+    p.add_argument("--optimizer", default=None, help="adamw (default), adam or sgd")
+    p.add_argument("--min-local-batch", type=positive_int("--min-local-batch"), default=1)
+    p.add_argument("--no-checkpointing", action="store_true", help="do not search activation checkpointing")
+    g = p.add_argument_group("torchrun (multi-node)")
+    g.add_argument("--nnodes", default="1")
+    g.add_argument("--node-rank", type=int, default=None)
+    g.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT; default: a local standalone rendezvous")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from rich.console import Console
+
+    console = Console(stderr=False)
+    err = Console(stderr=True)
+    try:
+        opts = resolve(args, console)
+        from .app import run
+
+        return run(opts, console)
+    except HetsimError as e:
+        err.print(f"hetsim: error: {e}", markup=False, highlight=False)
+        return 2
+
+
+def resolve(args, console):
+    from hetsim import strategies
+    from hetsim.cluster import parse_cluster
+    from hetsim.errors import ConfigError, UnknownNameError
+    from hetsim.runner import Launch
+    from hetsim.workloads import default_image_size, load_workload
+
+    from .app import Options, default_study_name
+
+    cluster = parse_cluster(args.cluster)
+    console.print(cluster.describe())
+    for n in cluster.notes:
+        console.print(f"[yellow]note:[/] {n}")
+    model = args.model
+    size = args.image_size
+    if size is None and ":" not in model:
+        size = default_image_size(model, cluster.source != "cuda")
+        if size:
+            console.print(f"image size {size} px (default for this cluster; set --image-size to change)")
+    wl = load_workload(model, size, args.optimizer)
+    known = strategies.names()
+    names = tuple(s.strip() for s in args.strategies.split(",")) if args.strategies else tuple(known)
+    for s in names:
+        if s not in known:
+            raise UnknownNameError("strategy", s, known)
+    if "ddp" not in names:
+        pass  # the uniform DDP baseline is always run beside the candidates
+    precisions = tuple(s.strip() for s in args.precisions.split(",")) if args.precisions else ("fp32", "bf16")
+    for pr in precisions:
+        if pr not in ("fp32", "bf16", "fp16"):
+            raise UnknownNameError("precision", pr, ["fp32", "bf16", "fp16"])
+    if cluster.emulated:
+        precisions = tuple(p for p in precisions if p != "fp16") or ("fp32",)  # fp16 autocast is CUDA-only
+    if args.global_batch < 1:
+        raise ConfigError(f"--global-batch {args.global_batch} must be > 0")
+    if args.warmup < 2:
+        raise ConfigError(f"--warmup {args.warmup} is below 2: step 0 creates optimizer state and step 1 measures memory")
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"--out {args.out!r} is not a writable folder ({e.strerror}); choose another") from None
+    storage = args.storage or f"sqlite:///{(out / 'hetsim.db').resolve()}"
+    study = args.study or default_study_name(wl.spec, cluster.spec, args.global_batch, names)
+    if args.rdzv_endpoint is None and args.nnodes != "1":
+        raise ConfigError(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT so the nodes can meet")
+    launch = Launch(nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint)
+    return Options(model=model, cluster=cluster, workload=wl, global_batch=args.global_batch, strategies=names,
+                   trials=args.trials, top_k=args.top_k, steps=args.steps, warmup=args.warmup,
+                   timeout_s=args.timeout, storage=storage, study=study, out=out, execute=not args.no_execute,
+                   seed=args.seed, reprofile=args.reprofile, precisions=precisions,
+                   min_local_batch=args.min_local_batch, checkpointing=not args.no_checkpointing, launch=launch)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""The main job: cluster -> profiles -> search -> real runs -> report.  Options come in parsed."""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hetsim.strategies.base import SearchContext
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from hetsim import report, strategies
+from hetsim.calibrate import obtain_profiles
+from hetsim.cluster import Cluster
+from hetsim.costmodel import CostModel
+from hetsim.runner import Launch, measure
+from hetsim.serial import to_dict
+
+from .study import (
+    feasible_candidates,
+    infeasible_reasons,
+    open_study,
+    run_search,
+    store_measurement,
+    stored_measurement,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Options:
+    model: str
+    cluster: Cluster
+    workload: object
+    global_batch: int
+    strategies: tuple[str, ...]
+    trials: int
+    top_k: int
+    steps: int
+    warmup: int
+    timeout_s: float
+    storage: str | None
+    study: str
+    out: Path
+    execute: bool
+    seed: int
+    reprofile: bool
+    precisions: tuple[str, ...]
+    min_local_batch: int
+    checkpointing: bool
+    launch: Launch
+
+
+class StopFlag:
+    """First Ctrl-C: finish the current trial or run, write the report, exit 130.  Second: abort."""
+
+    def __init__(self):
+        self.requested = False
+
+    def install(self, console: Console):
+        def handler(signum, frame):
+            if self.requested:
+                raise KeyboardInterrupt
+            self.requested = True
+            console.print("[yellow]interrupted: stopping after the current trial or run (Ctrl-C again to abort)[/]")
+
+        signal.signal(signal.SIGINT, handler)
+
+    def __call__(self) -> bool:
+        return self.requested
+
+
+def default_study_name(model: str, cluster_spec: str, gb: int, names: tuple[str, ...]) -> str:
+    raw = f"{model}-{cluster_spec}-b{gb}-{'+'.join(names)}"
+    return re.sub(r"[^A-Za-z0-9_.@+-]+", "_", raw)[:120]
+
+
+def run(opts: Options, console: Console) -> int:
+    stop = StopFlag()
+    stop.install(console)
+    cluster = opts.cluster
+    wl = opts.workload
+    say = lambda msg: console.print(f"[dim]{msg}[/]")  # noqa: E731
+    t0 = time.perf_counter()
+    profiles = obtain_profiles(cluster, wl, root=opts.out, global_batch=opts.global_batch,
+                               precisions=opts.precisions, reprofile=opts.reprofile, say=say, launch_cfg=opts.launch)
+    cost = CostModel(cluster, profiles, wl.optimizer, has_batchnorm=wl.has_batchnorm, batch_coupled=wl.batch_coupled)
+    ctx = SearchContext(cost=cost, global_batch=opts.global_batch, precisions=opts.precisions,
+                        checkpointing=opts.checkpointing, min_local_batch=opts.min_local_batch)
+    console.print(f"profiles ready in {time.perf_counter() - t0:.0f} s")
+
+    study = open_study(opts.study, opts.storage, opts.seed, resume=True)
+    before = len(study.trials)
+    if before:
+        console.print(f"resuming study {opts.study!r}: {before} trials already stored")
+    with Progress(TextColumn("search"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                  transient=True) as prog:
+        task = prog.add_task("trials", total=opts.trials, completed=min(before, opts.trials))
+        run_search(study, ctx, list(opts.strategies), opts.trials,
+                   callbacks=[lambda s, t: prog.advance(task)], stop=stop)
+    cands = feasible_candidates(study)
+    console.print(f"{len(study.trials)} trials, {len(cands)} distinct feasible plans")
+    top = cands[: opts.top_k]
+
+    ddp = strategies.get("ddp")
+    base_plan = ddp.baseline(ctx)
+    base_pred, _, _ = ddp.predict(base_plan, cost)
+    rows = [report.Row(rank=i + 1, label=strategies.get(c.plan.strategy).label(c.plan), plan=c.plan,
+                       predicted=c.prediction, measured=None) for i, c in enumerate(top)]
+    base_row = report.Row(rank=0, label="uniform ddp " + ddp.label(base_plan), plan=base_plan, predicted=base_pred,
+                          measured=None)
+    notes = list(cluster.notes)
+    if not cands:
+        notes.append("no feasible plan was found: " + "; ".join(sorted(set(
+            r for n in opts.strategies for r in infeasible_reasons(study, n)))[:3]))
+    for name in opts.strategies:
+        if not any(c.plan.strategy == name for c in cands):
+            reasons = infeasible_reasons(study, name)
+            if reasons:
+                notes.append(f"{name} was infeasible in every trial; e.g. {reasons[0]}")
+    if not base_pred.feasible:
+        notes.append("the uniform data-parallel baseline does not fit: " + "; ".join(base_pred.violations))
+
+    can_run = opts.execute and cluster.calibrated
+    if opts.execute and not cluster.calibrated:
+        notes.append("catalog cluster: plans were simulated only (nothing to run them on)")
+    if can_run:
+        jobs = [r for r in rows] + [base_row]
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=True) as prog:
+            task = prog.add_task("real runs", total=len(jobs))
+            for r in jobs:
+                if stop():
+                    break
+                prev = stored_measurement(study, r.plan)
+                if prev is not None:
+                    r.measured = prev
+                    say(f"already measured: {r.label}")
+                else:
+                    prog.update(task, description=f"running {r.label}")
+                    r.measured = measure(r.plan, cluster=cluster, workload_spec=wl.spec, optimizer=wl.optimizer,
+                                         steps=opts.steps, warmup=opts.warmup, timeout_s=opts.timeout_s,
+                                         seed=opts.seed, out_dir=str(opts.out / "runs" / opts.study / f"run-{r.rank}"),
+                                         launch_cfg=opts.launch)
+                    store_measurement(study, r.plan, r.measured)
+                prog.advance(task)
+                m = r.measured
+                if m.status != "ok":
+                    console.print(f"[red]{r.label}: {m.status}[/] {(m.error or '').splitlines()[0] if m.error else ''}")
+
+    best = rows[0] if rows else None
+    pipe = next((r for r in rows if r.plan.strategy in ("pipeline", "hybrid")), None)
+    shown = pipe or best
+    timeline, tl_label = [], ""
+    if shown is not None:
+        strat = strategies.get(shown.plan.strategy)
+        _, sched, graph = strat.predict(shown.plan, cost)
+        timeline, tl_label = sched.timeline(graph), shown.label
+    trials = []
+    history = []
+    for t in study.trials:
+        row = {"number": t.number, "state": t.state.name, "value": t.value, **{f"param_{k}": v for k, v in t.params.items()},
+               "feasible": t.user_attrs.get("constraint", 1.0) <= 0, "infeasible": t.user_attrs.get("infeasible", "")}
+        pred = t.user_attrs.get("prediction")
+        if pred:
+            row.update({"pred_step_time_s": pred["step_time_s"], "pred_peak_mem_bytes": pred["peak_mem_bytes"]})
+            if row["feasible"]:
+                history.append((t.number, pred["samples_per_s"]))
+        trials.append(row)
+    data = report.ReportData(study=opts.study, model=wl.spec, cluster=cluster, global_batch=opts.global_batch,
+                             candidates=rows, baseline=base_row, trials=trials, timeline=timeline,
+                             timeline_label=tl_label, notes=notes, history=history)
+    folder = report.write(data, opts.out)
+    _print_table(console, data)
+    console.print(report._accuracy_line(report.summary(data)))
+    for n in notes:
+        console.print(f"[yellow]note:[/] {n}")
+    if best is not None:
+        console.print(f"best plan: {best.label}\n  plan JSON: {to_dict(best.plan)}")
+    console.print(f"report: {folder}/report.md (also report.html, summary.json, trials.csv)")
+    if stop():
+        console.print("[yellow]stopped early on Ctrl-C; the study keeps every finished trial and run: "
+                      f"resume with --study {opts.study}[/]")
+        return 130
+    return 0
+
+
+def _print_table(console: Console, data: report.ReportData) -> None:
+    title = "top plans" + (" (EMULATED cluster)" if data.cluster.emulated else "")
+    t = Table(title=title)
+    for h in report.HEADER:
+        t.add_column(h)
+    for row in report.table_rows(data):
+        t.add_row(*row)
+    console.print(t)

@@ -1,0 +1,119 @@
+"""The Optuna study: one trial = one plan, simulated; infeasible plans are constraint violations."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import optuna
+from hetsim.strategies.base import Plan, SearchContext
+
+from hetsim import strategies
+from hetsim.errors import ConfigError, InfeasiblePlanError
+from hetsim.serial import from_dict, to_dict
+from hetsim.types import Measurement, Prediction
+
+MEASURED_PREFIX = "measured:"
+
+
+def plan_key(plan: Plan) -> str:
+    return hashlib.sha1(json.dumps(to_dict(plan), sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    plan: Plan
+    prediction: Prediction
+    trial_number: int
+
+
+def open_study(name: str, storage: str | None, seed: int, resume: bool) -> optuna.Study:
+    sampler = optuna.samplers.TPESampler(seed=seed, constraints_func=_constraints, n_startup_trials=20,
+                                         multivariate=False)
+    try:
+        return optuna.create_study(study_name=name, storage=storage, sampler=sampler, direction="maximize",
+                                   load_if_exists=True)
+    except (ImportError, ValueError, RuntimeError, OSError) as e:
+        raise ConfigError(f"--storage {storage!r} cannot be opened ({type(e).__name__}: {e}); "
+                          "use an Optuna storage URL such as sqlite:///results/hetsim.db") from None
+    except Exception as e:  # sqlalchemy errors and the like: still a bad URL from the user's side
+        raise ConfigError(f"--storage {storage!r} cannot be opened ({type(e).__name__}: {e})") from None
+
+
+def _constraints(trial: optuna.trial.FrozenTrial) -> tuple[float]:
+    return (float(trial.user_attrs.get("constraint", 1.0)),)
+
+
+def make_objective(ctx: SearchContext, names: list[str]) -> Callable[[optuna.Trial], float]:
+    def objective(trial: optuna.Trial) -> float:
+        name = trial.suggest_categorical("strategy", names) if len(names) > 1 else names[0]
+        strat = strategies.get(name)
+        try:
+            plan = strat.space(trial, ctx)
+            pred, _, _ = strat.predict(plan, ctx.cost)
+        except InfeasiblePlanError as e:
+            trial.set_user_attr("infeasible", str(e))
+            trial.set_user_attr("constraint", 1.0)
+            return 0.0
+        trial.set_user_attr("plan", to_dict(plan))
+        trial.set_user_attr("prediction", to_dict(pred))
+        over = max((m - c) / c for m, c in zip(pred.peak_mem_bytes, pred.capacity_bytes))
+        # Feasible: <= 0 (Optuna's convention); the margin helps TPE move towards fitting plans.
+        trial.set_user_attr("constraint", over if not pred.feasible else min(0.0, over))
+        if not pred.feasible:
+            trial.set_user_attr("infeasible", "; ".join(pred.violations))
+        return pred.samples_per_s
+
+    return objective
+
+
+def run_search(study: optuna.Study, ctx: SearchContext, names: list[str], trials: int,
+               callbacks=(), stop: Callable[[], bool] = lambda: False) -> None:
+    objective = make_objective(ctx, names)
+    done = 0
+
+    def check_stop(st, tr):
+        if stop():
+            st.stop()
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    remaining = trials - len([t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE])
+    if remaining > 0:
+        study.optimize(objective, n_trials=remaining, callbacks=[*callbacks, check_stop], catch=(), gc_after_trial=False)
+    del done
+
+
+def feasible_candidates(study: optuna.Study) -> list[Candidate]:
+    """Every distinct feasible plan, best predicted throughput first."""
+    best: dict[str, Candidate] = {}
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        if "plan" not in t.user_attrs or t.user_attrs.get("constraint", 1.0) > 0:
+            continue
+        plan = strategies.plan_from_dict(t.user_attrs["plan"])
+        pred = from_dict(Prediction, t.user_attrs["prediction"])
+        if not pred.feasible or not math.isfinite(pred.samples_per_s):
+            continue
+        k = plan_key(plan)
+        if k not in best or best[k].prediction.samples_per_s < pred.samples_per_s:
+            best[k] = Candidate(plan, pred, t.number)
+    return sorted(best.values(), key=lambda c: -c.prediction.samples_per_s)
+
+
+def infeasible_reasons(study: optuna.Study, strategy: str) -> list[str]:
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        if t.params.get("strategy", strategy) == strategy and "infeasible" in t.user_attrs:
+            out.append(t.user_attrs["infeasible"])
+    return out
+
+
+def stored_measurement(study: optuna.Study, plan: Plan) -> Measurement | None:
+    data = study.user_attrs.get(MEASURED_PREFIX + plan_key(plan))
+    return from_dict(Measurement, data) if data else None
+
+
+def store_measurement(study: optuna.Study, plan: Plan, m: Measurement) -> None:
+    study.set_user_attr(MEASURED_PREFIX + plan_key(plan), to_dict(m))

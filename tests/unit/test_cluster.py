@@ -1,0 +1,110 @@
+from unittest import mock
+
+import pytest
+
+from hetsim.cluster import GiB, detect_cuda, parse_cluster, parse_size
+from hetsim.errors import ClusterSpecError, UnknownNameError
+
+
+def test_emulated_spec():
+    c = parse_cluster("emu:1.0@4G,0.5@512M")
+    assert c.emulated and c.source == "emulated"
+    assert [d.speed for d in c.devices] == [1.0, 0.5]
+    assert c.devices[1].memory_bytes == 512 * 2**20
+
+
+def test_catalog_spec_counts_and_labels():
+    c = parse_cluster("catalog:rtx_3090,gtx_1080_ti*2,t4")
+    assert [d.kind for d in c.devices] == ["rtx_3090", "gtx_1080_ti", "gtx_1080_ti", "t4"]
+    assert not c.calibrated and c.links is not None
+    assert c.devices[0].memory_bytes == 24 * GiB
+    assert "uncalibrated" in c.describe()
+
+
+def test_catalog_unknown_key_suggests():
+    with pytest.raises(UnknownNameError, match="did you mean 'rtx_3090'"):
+        parse_cluster("catalog:rtx3090")
+
+
+@pytest.mark.parametrize("spec", ["emu:0@4G", "emu:-1@4G", "emu:1.0@0G", "emu:1.0", "emu:", "emu:x@4G", "bogus"])
+def test_bad_specs(spec):
+    with pytest.raises(ClusterSpecError):
+        parse_cluster(spec)
+
+
+def test_parse_size():
+    assert parse_size("1.5G") == int(1.5 * GiB)
+    assert parse_size("1024") == 1024
+
+
+def test_toml_file(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('[[device]]\nspeed = 1.0\nmemory = "2G"\n[[device]]\ncatalog = "t4"\n')
+    c = parse_cluster(str(f))
+    assert c.source == "file" and c.devices[1].kind == "t4"
+
+
+def test_toml_missing_fields(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('[[device]]\nspeed = 1.0\n')
+    with pytest.raises(ClusterSpecError, match="memory"):
+        parse_cluster(str(f))
+
+
+class _FakeNvml:
+    """A stand-in for nvidia-ml-py with two GPUs: an RTX 3090 (PCIe4 x16, NVLink) and a T4."""
+
+    def __init__(self):
+        self.gpus = [("NVIDIA GeForce RTX 3090", 24 * GiB, (8, 6), 4, 16, True),
+                     ("Tesla T4", 15 * GiB, (7, 5), 3, 16, False)]
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetName(self, h):
+        return self.gpus[h][0].encode()
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return mock.Mock(total=self.gpus[h][1])
+
+    def nvmlDeviceGetCudaComputeCapability(self, h):
+        return self.gpus[h][2]
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h):
+        return self.gpus[h][3]
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h):
+        return self.gpus[h][4]
+
+    def nvmlDeviceGetNvLinkState(self, h, link):
+        if not self.gpus[h][5]:
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+        return 1
+
+
+def test_detect_cuda_with_mocked_nvml():
+    with mock.patch.dict("sys.modules", {"pynvml": _FakeNvml()}):
+        c = detect_cuda()
+    assert c is not None and c.source == "cuda"
+    d0, d1 = c.devices
+    assert d0.name == "NVIDIA GeForce RTX 3090" and d0.compute_capability == (8, 6)
+    assert d0.host_link == "PCIe4 x16" and d0.nvlink and not d1.nvlink
+    assert d1.memory_bytes == 15 * GiB and not d1.supports_bf16 and d1.fast_fp16
+
+
+def test_no_driver_means_no_cuda():
+    fake = _FakeNvml()
+    fake.nvmlInit = mock.Mock(side_effect=RuntimeError("NVML Shared Library Not Found"))
+    with mock.patch.dict("sys.modules", {"pynvml": fake}):
+        assert detect_cuda() is None
+    with mock.patch.dict("sys.modules", {"pynvml": fake}):
+        assert parse_cluster(None).emulated

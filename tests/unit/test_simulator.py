@@ -1,0 +1,35 @@
+import pytest
+
+from hetsim.simulator import DeadlockError, TaskGraph, run_graph
+
+
+def test_program_order_and_dependencies():
+    g = TaskGraph()
+    a = g.add("dev0", "F", 1.0)
+    b = g.add("dev1", "F", 2.0, deps=[a])
+    c = g.add("dev0", "B", 0.5)
+    d = g.add("comm", "allreduce", 1.0, deps=[b, c])
+    s = run_graph(g)
+    assert s.start_s[b] == 1.0 and s.end_s[b] == 3.0
+    assert s.start_s[c] == 1.0  # dev0 runs c right after a, in program order
+    assert s.start_s[d] == 3.0 and s.makespan_s == 4.0
+    assert s.busy_s(g, "dev0") == pytest.approx(1.5)
+
+
+def test_deadlock_is_detected():
+    g = TaskGraph()
+    first = g.add("dev0", "recv", 1.0, deps=[1])  # waits for dev1's task, which waits for dev0's second
+    g.add("dev1", "send", 1.0, deps=[2])
+    g.add("dev0", "send", 1.0)
+    assert first == 0
+    with pytest.raises(DeadlockError, match="deadlocks"):
+        run_graph(g)
+
+
+def test_timeline_matches_schedule():
+    g = TaskGraph()
+    g.add("dev0", "F", 0.25, label="F0")
+    g.add("dev0", "B", 0.5, label="B0")
+    s = run_graph(g)
+    ev = s.timeline(g)
+    assert [(e.label, e.start_s, e.end_s) for e in ev] == [("F0", 0.0, 0.25), ("B0", 0.25, 0.75)]
