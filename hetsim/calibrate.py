@@ -41,6 +41,37 @@ def _load_or(path: Path, cls, expect: dict[str, str], measure: Callable[[], obje
     return obj
 
 
+def calibrate_residual(device, workload, prof: ModelProfile, dev_prof: DeviceProfile, sizes, say: Say,
+                       launch_cfg=None) -> ModelProfile:
+    """Run the real data-parallel executor on one device of this kind at two batch sizes and fit
+    what the isolated block timings miss (measured step - predicted step), per micro-step."""
+    from dataclasses import replace
+
+    from hetsim.costmodel import CostModel
+    from hetsim.runner import measure
+    from hetsim.strategies.ddp import DDP, DDPPlan
+    from hetsim.types import Fit
+
+    one_dev = replace(device, speed=1.0, memory_bytes=1 << 50, index=device.index)
+    one = Cluster(spec="calibration", source=device.backend if device.backend != "catalog" else "emulated",
+                  devices=(one_dev,))
+    cost = CostModel(one, ProfileSet(models={prof.device_kind: prof}, devices={prof.device_kind: dev_prof}),
+                     workload.optimizer)
+    xs, ys = [], []
+    for b in sorted({sizes[len(sizes) // 2 - 1] if len(sizes) > 2 else sizes[0], sizes[-1]}):
+        plan = DDPPlan(devices=(0,), local_batch=(b,))
+        pred = DDP().predict(plan, cost)[0].step_time_s
+        say(f"calibrating {prof.device_kind}: real single-device step at batch {b}")
+        m = measure(plan, cluster=one, workload_spec=workload.spec, optimizer=workload.optimizer, steps=6, warmup=3,
+                    timeout_s=600)  # one local device: never a multi-node rendezvous
+        if m.status != "ok" or m.step_time_s is None:
+            say(f"calibration run failed ({m.status}); keeping the uncalibrated block model")
+            return prof
+        xs.append(float(b))
+        ys.append(m.step_time_s - pred)
+    return replace(prof, calib_residual_s=Fit.least_squares(xs, ys, nonneg=False))
+
+
 def obtain_profiles(cluster: Cluster, workload, *, root: Path, global_batch: int, precisions: tuple[str, ...],
                     reprofile: bool = False, say: Say = print, launch_cfg=None) -> ProfileSet:
     import torch
@@ -64,11 +95,14 @@ def obtain_profiles(cluster: Cluster, workload, *, root: Path, global_batch: int
                                  lambda k=kind, d=device: profile_device(k, d), reprofile, say)
         mfp = dict(fp)
         mfp.update({"model": workload.spec, "micro_batches": ",".join(map(str, sizes)), "precisions": ",".join(precisions)})
-        models[kind] = _load_or(
-            base / f"model-{_safe(workload.spec)}.json", ModelProfile, mfp,
-            lambda k=kind, d=device: profile_model(workload, k, d, sizes, precisions, progress=say),
-            reprofile, say,
-        )
+        def measure_model(k=kind, d=device, dev_prof=devices[kind]):
+            prof = profile_model(workload, k, d, sizes, precisions, progress=say)
+            if dev_obj is not None and dev_obj.backend != "catalog":
+                prof = calibrate_residual(dev_obj, workload, prof, dev_prof, sizes, say, launch_cfg)
+            return prof
+
+        models[kind] = _load_or(base / f"model-{_safe(workload.spec)}.json", ModelProfile, mfp, measure_model,
+                                reprofile, say)
     comm: dict[int, CommProfile] = {}
     n = len(cluster.devices)
     if cluster.links is None and n > 1:

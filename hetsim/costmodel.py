@@ -104,9 +104,14 @@ class CostModel:
         key, f = self.precision_factor(dev, precision)
         return mult * f * sum(b.timing[key].bwd_s(mb) for b in prof.blocks[lo:hi])
 
-    def overhead_s(self, dev: int) -> float:
+    def overhead_s(self, dev: int, mb: float = 0.0) -> float:
+        """Per-micro-step time outside the blocks, calibrated against real executor steps."""
         prof, mult = self._scale[dev]
-        return prof.step_overhead_s * mult
+        extra = 0.0
+        if prof.calib_residual_s is not None:
+            r = prof.calib_residual_s
+            extra = r.intercept + r.slope * mb
+        return max(0.0, (prof.step_overhead_s + extra) * mult)
 
     def opt_s(self, dev: int, param_count: float) -> float:
         prof, mult = self._scale[dev]

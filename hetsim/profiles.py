@@ -37,6 +37,21 @@ class BlockProfile:
     out_bytes_per_sample: int
     """Bytes of the block's output per sample (fp32): a pipeline send, a checkpoint's kept input."""
     flops_per_sample: float
+    param_numels: tuple[int, ...] = ()
+    """Elements of each parameter, in model order (ZeroRedundancyOptimizer partitions whole parameters)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryCalibration:
+    """Whole-model memory of a plain one-process training step (hetsim.memprofile), per precision,
+    as functions of micro-batch size: what the per-block profile cannot say."""
+
+    saved_bytes: dict[str, Fit]
+    """Bytes the whole model saves for backward (distinct storages: a tensor two adjacent blocks
+    both save counts once, unlike the sum of per-block act_bytes)."""
+    temp_bytes: dict[str, Fit]
+    """Peak of the second step minus model state minus saved_bytes: temporaries at the peak
+    (a parameter's gradient before accumulation, activation gradients, the loss)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -52,6 +67,11 @@ class ModelProfile:
     step_overhead_s: float = 0.0
     """Fixed per-micro-step time outside the blocks (loss, data slicing, zero_grad)."""
     input_bytes_per_sample: int = 0
+    memory: MemoryCalibration | None = None
+    """Whole-model memory calibration (None in profiles recorded without one)."""
+    calib_residual_s: Fit | None = None
+    """Measured real step minus the block-sum prediction, per micro-step, vs micro-batch: what
+    isolated block timings miss in the real executor (DDP hooks, loss, zero_grad, Python)."""
 
     @property
     def param_count(self) -> int:

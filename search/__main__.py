@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from rich.console import Console
 
-    console = Console(stderr=False)
+    # A wide console when writing to a file or CI log, so the results table does not wrap.
+    console = Console(stderr=False, width=None if sys.stdout.isatty() else 160)
     err = Console(stderr=True)
     try:
         opts = resolve(args, console)
@@ -121,8 +122,15 @@ def resolve(args, console):
     for pr in precisions:
         if pr not in ("fp32", "bf16", "fp16"):
             raise UnknownNameError("precision", pr, ["fp32", "bf16", "fp16"])
+    notes: list[str] = []
     if cluster.emulated:
         precisions = tuple(p for p in precisions if p != "fp16") or ("fp32",)  # fp16 autocast is CUDA-only
+        if args.precisions is None and wl.has_batchnorm:
+            # Seen on these CPUs: bf16 autocast through BatchNorm gave gradients with cosine 0.09 to fp32.
+            precisions = ("fp32",)
+            notes.append(f"bf16 was not searched: {wl.name} has BatchNorm, and bf16 autocast on CPU gives it "
+                         "gradients far from fp32 (cosine ~0.1 at initialisation); pass --precisions fp32,bf16 "
+                         "to search it anyway")
     if args.global_batch < 1:
         raise ConfigError(f"--global-batch {args.global_batch} must be > 0")
     if args.warmup < 2:
@@ -144,7 +152,8 @@ def resolve(args, console):
                    trials=args.trials, top_k=args.top_k, steps=args.steps, warmup=args.warmup,
                    timeout_s=args.timeout, storage=storage, study=study, out=out, execute=not args.no_execute,
                    seed=args.seed, reprofile=args.reprofile, precisions=precisions,
-                   min_local_batch=args.min_local_batch, checkpointing=not args.no_checkpointing, launch=launch)
+                   min_local_batch=args.min_local_batch, checkpointing=not args.no_checkpointing, launch=launch,
+                   notes=tuple(notes))
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ class Options:
     min_local_batch: int
     checkpointing: bool
     launch: Launch
+    notes: tuple[str, ...] = ()
 
 
 class StopFlag:
@@ -110,9 +111,9 @@ def run(opts: Options, console: Console) -> int:
     base_pred, _, _ = ddp.predict(base_plan, cost)
     rows = [report.Row(rank=i + 1, label=strategies.get(c.plan.strategy).label(c.plan), plan=c.plan,
                        predicted=c.prediction, measured=None) for i, c in enumerate(top)]
-    base_row = report.Row(rank=0, label="uniform ddp " + ddp.label(base_plan), plan=base_plan, predicted=base_pred,
+    base_row = report.Row(rank=0, label="uniform baseline: " + ddp.label(base_plan), plan=base_plan, predicted=base_pred,
                           measured=None)
-    notes = list(cluster.notes)
+    notes = list(cluster.notes) + list(opts.notes)
     if not cands:
         notes.append("no feasible plan was found: " + "; ".join(sorted(set(
             r for n in opts.strategies for r in infeasible_reasons(study, n)))[:3]))

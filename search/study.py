@@ -31,8 +31,8 @@ class Candidate:
 
 
 def open_study(name: str, storage: str | None, seed: int, resume: bool) -> optuna.Study:
-    sampler = optuna.samplers.TPESampler(seed=seed, constraints_func=_constraints, n_startup_trials=20,
-                                         multivariate=False)
+    kw = {} if _NEW_CONSTRAINTS else {"constraints_func": _constraints}
+    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=20, **kw)
     try:
         return optuna.create_study(study_name=name, storage=storage, sampler=sampler, direction="maximize",
                                    load_if_exists=True)
@@ -41,6 +41,16 @@ def open_study(name: str, storage: str | None, seed: int, resume: bool) -> optun
                           "use an Optuna storage URL such as sqlite:///results/hetsim.db") from None
     except Exception as e:  # sqlalchemy errors and the like: still a bad URL from the user's side
         raise ConfigError(f"--storage {storage!r} cannot be opened ({type(e).__name__}: {e})") from None
+
+
+# Optuna 5 takes constraints from the trial (`Trial.set_constraint`); older ones from a sampler callback.
+_NEW_CONSTRAINTS = hasattr(optuna.trial.Trial, "set_constraint")
+
+
+def _set_constraint(trial: optuna.Trial, value: float) -> None:
+    trial.set_user_attr("constraint", value)
+    if _NEW_CONSTRAINTS:
+        trial.set_constraint("memory", value)
 
 
 def _constraints(trial: optuna.trial.FrozenTrial) -> tuple[float]:
@@ -56,13 +66,13 @@ def make_objective(ctx: SearchContext, names: list[str]) -> Callable[[optuna.Tri
             pred, _, _ = strat.predict(plan, ctx.cost)
         except InfeasiblePlanError as e:
             trial.set_user_attr("infeasible", str(e))
-            trial.set_user_attr("constraint", 1.0)
+            _set_constraint(trial, 1.0)
             return 0.0
         trial.set_user_attr("plan", to_dict(plan))
         trial.set_user_attr("prediction", to_dict(pred))
         over = max((m - c) / c for m, c in zip(pred.peak_mem_bytes, pred.capacity_bytes))
         # Feasible: <= 0 (Optuna's convention); the margin helps TPE move towards fitting plans.
-        trial.set_user_attr("constraint", over if not pred.feasible else min(0.0, over))
+        _set_constraint(trial, over if not pred.feasible else min(0.0, over))
         if not pred.feasible:
             trial.set_user_attr("infeasible", "; ".join(pred.violations))
         return pred.samples_per_s

@@ -111,7 +111,7 @@ def balance_batch(cost: CostModel, devices: tuple[int, ...], global_batch: int, 
     def step_time(i: int, b: int) -> float:
         d = devices[i]
         t = sum(cost.fwd_s(d, 0, n, m, precision) + cost.bwd_s(d, 0, n, m, precision)
-                + cost.recompute_s(d, 0, n, m, precision, ckpt) + cost.overhead_s(d)
+                + cost.recompute_s(d, 0, n, m, precision, ckpt) + cost.overhead_s(d, m)
                 for m in micro_sizes(b, accum))
         return t + cost.opt_s(d, cost.param_count())
 
@@ -179,7 +179,7 @@ def data_parallel_graph(cost: CostModel, devices: tuple[int, ...], local_batch: 
         res = f"dev{d}"
         micro = micro_sizes(local_batch[i], accum)
         for j, m in enumerate(micro):
-            g.add(res, "F", cost.fwd_s(d, 0, n, m, precision) + cost.overhead_s(d), label=f"F{j}")
+            g.add(res, "F", cost.fwd_s(d, 0, n, m, precision) + cost.overhead_s(d, m), label=f"F{j}")
             last = j == len(micro) - 1
             for k in reversed(range(n)):
                 dur = cost.bwd_s(d, k, k + 1, m, precision) + cost.recompute_s(d, k, k + 1, m, precision, ckpt)

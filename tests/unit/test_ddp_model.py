@@ -20,7 +20,7 @@ def test_balance_is_optimal_against_brute_force(make_cost):
 
     def compute(i, b):
         d = devs[i]
-        return (cost.fwd_s(d, 0, n, b) + cost.bwd_s(d, 0, n, b) + cost.overhead_s(d)
+        return (cost.fwd_s(d, 0, n, b) + cost.bwd_s(d, 0, n, b) + cost.overhead_s(d, b)
                 + cost.opt_s(d, cost.param_count()))
 
     got = balance_batch(cost, devs, gb, 1, "fp32", 0, 1)
