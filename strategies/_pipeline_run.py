@@ -1,0 +1,207 @@
+"""Real execution of a pipeline (or data-parallel replicas of one) with torch.distributed.pipelining.
+
+Each rank builds the full model with its deterministic initial weights, keeps the
+blocks of its stage(s) as `nn.Sequential`s named like the unwrapped model (so its
+gradients compare by name with a single-process run), and hands them to torch's
+`PipelineStage` and schedule class.  With replicas, each stage module is wrapped in
+DistributedDataParallel over the process group of the ranks that hold the same
+stages; torch's pipelining runs DDP's `no_sync` for all but the last backward.
+
+Loss scaling: the schedule is built with `scale_grads=False` and each micro-batch's
+loss is `loss_sum * world_factor / global_batch`, so the accumulated gradient is the
+full-batch mean-loss gradient (world_factor = replicas, undone by DDP's average).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ._common import apply_checkpointing, autocast, full_grads
+from ._pipeline_sched import ZERO_BUBBLE, rank_stages
+
+
+class _CategoryTotalsOnly:
+    """Stands in for MemTracker's module tracker: no per-module hooks, backward told by autograd.
+
+    MemTracker attributes memory to modules through global module hooks that refuse a module
+    called once per micro-batch with backwards in between (interleaved schedules) and that break
+    under the `autograd.grad` of zero-bubble schedules.  Its category totals (parameters,
+    gradients, optimizer state, activations, temporaries) need none of that.
+    """
+
+    parents: frozenset = frozenset()
+
+    def register_user_hooks(self, *hooks) -> None:
+        pass
+
+    def clear_user_hooks(self) -> None:
+        pass
+
+    def get_known_fqn(self, mod):
+        return None
+
+    @property
+    def is_bw(self) -> bool:
+        return torch._C._current_graph_task_id() != -1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *args) -> None:
+        pass
+
+
+class _Detach(nn.Module):
+    """Ends a stage whose output would be a view: torch's zero-bubble schedules refuse views."""
+
+    def forward(self, x):
+        return x.clone() if isinstance(x, torch.Tensor) and x._is_view() else x
+
+
+class PipelineExecutor:
+    def __init__(self, ctx, *, schedule: str, boundaries: Sequence[int], microbatches: int, precision: str,
+                 checkpoint_blocks: int, replica_batches: Sequence[int], pipeline_ranks: int):
+        from torch.distributed.pipelining import PipelineStage
+        from torch.distributed.pipelining.schedules import get_schedule_class
+
+        self.ctx = ctx
+        self.precision = precision
+        wl = ctx.workload
+        n_rep = len(replica_batches)
+        P = pipeline_ranks
+        if n_rep * P != ctx.world_size:
+            raise ValueError(f"replicas({n_rep}) * pipeline ranks({P}) != WORLD_SIZE({ctx.world_size})")
+        replica, prank = divmod(ctx.rank, P)
+        n_stages = len(boundaries) - 1
+        v = n_stages // P
+
+        # Every rank creates every group, in the same order (dist.new_group is collective).
+        pp_group = None
+        dp_group = None
+        if n_rep > 1:
+            for i in range(n_rep):
+                grp = dist.new_group(list(range(i * P, (i + 1) * P)))
+                if i == replica:
+                    pp_group = grp
+            for r in range(P):
+                grp = dist.new_group([i * P + r for i in range(n_rep)])
+                if r == prank:
+                    dp_group = grp
+
+        full = wl.model()
+        names = [n for n, _ in full.named_children()]
+        mods = dict(full.named_children())
+        self.stage_ids = rank_stages(schedule, P, v, prank)
+        self.seqs: list[nn.Sequential] = []
+        stages = []
+        for s in self.stage_ids:
+            lo, hi = boundaries[s], boundaries[s + 1]
+            seq = nn.Sequential(OrderedDict((n, mods[n]) for n in names[lo:hi]))
+            if ctx.emulator is not None:
+                ctx.emulator.attach(list(seq.children()))
+            apply_checkpointing(seq, max(0, min(hi, checkpoint_blocks) - lo))
+            seq.to(ctx.device)
+            self.seqs.append(seq)
+            sub: nn.Module = seq
+            if schedule in ZERO_BUBBLE:
+                sub = nn.Sequential(OrderedDict([("stage", seq), ("detach", _Detach())]))
+            if dp_group is not None:
+                from torch.nn.parallel import DistributedDataParallel
+
+                kw = {"device_ids": [ctx.device.index]} if ctx.device.type == "cuda" else {}
+                # static_graph: without it DDP's bucket rebuild after the first step counts every
+                # parameter once per micro-batch and fails ("rebuilt parameter indices size is not
+                # same as original model parameters size") on the second step when m > 1.
+                sub = DistributedDataParallel(sub, process_group=dp_group, gradient_as_bucket_view=True,
+                                              static_graph=True, **kw)
+            stages.append(PipelineStage(sub, s, n_stages, ctx.device, group=pp_group))
+        del full
+
+        self.model = nn.ModuleList(self.seqs)
+        self.opt = wl.make_optimizer([p for seq in self.seqs for p in seq.parameters()])
+        if ctx.emulator is not None:
+            ctx.emulator.wrap_optimizer(self.opt)
+
+        gb = sum(replica_batches)
+        scale = n_rep / gb
+
+        def loss_fn(out, y):
+            return wl.loss_sum(out.float(), y) * scale
+
+        cls = get_schedule_class(schedule)
+        kw = {"loss_fn": loss_fn}
+        if "scale_grads" in inspect.signature(cls.__init__).parameters:
+            kw["scale_grads"] = False  # the loss already carries 1/global_batch (older torch never scaled)
+        self.schedule = cls(stages[0] if v == 1 else stages, microbatches, **kw)
+        self._step_kw = {}
+        if "return_outputs" in inspect.signature(self.schedule.step).parameters:
+            self._step_kw["return_outputs"] = False
+
+        x, y = wl.make_batch(gb, ctx.seed)
+        lo = sum(replica_batches[:replica])
+        hi = lo + replica_batches[replica]
+        self.is_first = 0 in self.stage_ids
+        self.is_last = (n_stages - 1) in self.stage_ids
+        self.x = x[lo:hi].to(ctx.device)
+        self.y = y[lo:hi].to(ctx.device)
+        self.n_rep = n_rep
+
+    def _forward_backward(self) -> float | None:
+        args = (self.x,) if self.is_first else ()
+        kw = dict(self._step_kw)
+        losses: list[torch.Tensor] = []
+        if self.is_last:
+            kw.update(target=self.y, losses=losses)
+        with autocast(self.ctx.device, self.precision):
+            self.schedule.step(*args, **kw)
+        if not self.is_last:
+            return None
+        # Each micro-batch loss carries replicas/global_batch: report this replica's share of the mean loss.
+        return float(sum(float(v.detach()) for v in losses)) / self.n_rep
+
+    def measure_memory(self, fn):
+        """Peak tensor bytes of one step by category (the worker calls this instead of measure_step)."""
+        from hetsim.memtrack import measure_step
+        from hetsim.types import MemoryBreakdown
+
+        if self.ctx.device.type == "cuda":
+            return measure_step(fn, self.model, self.opt, self.ctx.device)
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        mt = MemTracker()
+        if not hasattr(mt, "_mod_tracker"):  # a torch whose MemTracker is built differently
+            return measure_step(fn, self.model, self.opt, self.ctx.device)
+        mt._mod_tracker = _CategoryTotalsOnly()
+        mt.track_external(self.model, self.opt)
+        with mt:
+            fn()
+        snap = mt.get_tracker_snapshot("peak")
+        dev_snap = next(iter(snap.values())) if snap else {}
+        by = {str(k).rsplit(".", 1)[-1]: int(v) for k, v in dev_snap.items()}
+        return MemoryBreakdown(
+            params_bytes=by.get("PARAM", 0) + by.get("BUFFER", 0),
+            grads_bytes=by.get("GRAD", 0),
+            optim_bytes=by.get("OPT", 0),
+            activations_bytes=by.get("ACT", 0),
+            other_bytes=by.get("TEMP", 0) + by.get("OTH", 0),
+        )
+
+    def step(self) -> float | None:
+        loss = self._forward_backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=False)
+        return loss
+
+    def compute_grads(self) -> dict[str, torch.Tensor]:
+        self.opt.zero_grad(set_to_none=True)
+        self._forward_backward()
+        out: dict[str, torch.Tensor] = {}
+        for seq in self.seqs:
+            out.update(full_grads(seq))
+        return out

@@ -1,0 +1,467 @@
+"""Pipeline schedules as data, shared by the `pipeline` and `hybrid` families.
+
+A schedule is, per pipeline rank, an ordered list of `Action(stage, kind, microbatch)`
+(printed `2F0`, parsed back by `Action.parse`).  The same lists are timed by the
+simulator (`add_pipeline`), drive the memory estimate (`peak_inflight`) and are what
+the torch schedule class runs on each rank:
+
+- GPipe and 1F1B (one stage per rank) are generated here, in the order that
+  torch's `ScheduleGPipe` / `Schedule1F1B` `_step_microbatches` execute (torch's own
+  `pipeline_order` for these classes is descriptive only and is off by one for 1F1B);
+- multi-stage schedules (Interleaved1F1B, LoopedBFS, InterleavedZeroBubble,
+  ZBVZeroBubble) are read from the torch class's own `pipeline_order`, built with
+  stand-in stages (no process group), so the simulated order is the executed order.
+
+Only that last step imports torch, lazily and cached.  The stage-boundary solver
+(`solve_boundaries`) is an exact dynamic programme over the cost model.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+from hetsim.errors import InfeasiblePlanError, UnknownNameError
+from hetsim.simulator import TaskGraph
+from hetsim.types import MemoryBreakdown
+
+if TYPE_CHECKING:
+    from hetsim.costmodel import CostModel
+
+SINGLE_STAGE = ("GPipe", "1F1B")
+"""One stage per rank: stage s on rank s."""
+LOOPED = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
+"""v >= 2 stages per rank in loop placement: stage s on rank s % P."""
+V_SHAPED = ("ZBVZeroBubble",)
+"""Exactly 2 stages per rank in V placement: stage s on rank s (s < P) or 2P - 1 - s."""
+SCHEDULES = SINGLE_STAGE + LOOPED + V_SHAPED
+ZERO_BUBBLE = ("InterleavedZeroBubble", "ZBVZeroBubble")
+"""Schedules that split backward into input-gradient (I) and weight-gradient (W) actions.
+torch refuses them when a stage's output is a view (e.g. a stage ending in nn.Flatten)."""
+
+INPUT_GRAD_FRACTION = 0.5
+"""Share of a block's backward time spent on the input gradient (the rest on weight gradients)
+when a zero-bubble schedule splits them: for convolutions and matmuls both are one product
+of the forward's size."""
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    stage: int
+    kind: str
+    """'F' forward, 'B' full backward, 'I' input-gradient backward, 'W' weight-gradient backward."""
+    mb: int
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.kind}{self.mb}"
+
+    @staticmethod
+    def parse(text: str) -> Action:
+        m = _ACTION_RE.fullmatch(text.strip())
+        if m is None:
+            raise ValueError(f"{text!r} is not a pipeline action; write STAGE KIND MICROBATCH, e.g. 2F0 or 1W3")
+        return Action(int(m.group(1)), m.group(2), int(m.group(3)))
+
+
+_ACTION_RE = re.compile(r"(\d+)([FBIW])(\d+)")
+
+
+def check_schedule(name: str) -> None:
+    if name not in SCHEDULES:
+        raise UnknownNameError("pipeline schedule", name, SCHEDULES)
+
+
+def stages_per_rank_ok(schedule: str, v: int) -> bool:
+    if schedule in SINGLE_STAGE:
+        return v == 1
+    if schedule in V_SHAPED:
+        return v == 2
+    return v >= 2
+
+
+def stage_rank(schedule: str, n_ranks: int, stage: int) -> int:
+    """The pipeline rank that runs `stage` (torch's placement for each schedule)."""
+    if schedule in V_SHAPED:
+        return stage if stage < n_ranks else 2 * n_ranks - 1 - stage
+    return stage % n_ranks
+
+
+def rank_stages(schedule: str, n_ranks: int, v: int, rank: int) -> tuple[int, ...]:
+    """Stages held by `rank`, in the order torch's multi-stage schedules expect them."""
+    return tuple(s for s in range(n_ranks * v) if stage_rank(schedule, n_ranks, s) == rank)
+
+
+# ----------------------------------------------------------------------------- action lists
+
+
+def _single_stage_actions(schedule: str, n_ranks: int, m: int) -> tuple[tuple[Action, ...], ...]:
+    out = []
+    for s in range(n_ranks):
+        if schedule == "GPipe":
+            acts = [Action(s, "F", j) for j in range(m)] + [Action(s, "B", j) for j in range(m)]
+        else:  # 1F1B: stage s runs min(m, P - s) forwards, then alternates one backward, one forward.
+            warm = min(m, n_ranks - s)
+            acts = [Action(s, "F", j) for j in range(warm)]
+            f = warm
+            for b in range(m):
+                acts.append(Action(s, "B", b))
+                if f < m:
+                    acts.append(Action(s, "F", f))
+                    f += 1
+        out.append(tuple(acts))
+    return tuple(out)
+
+
+@lru_cache(maxsize=256)
+def _torch_actions(schedule: str, n_ranks: int, m: int, v: int) -> tuple[tuple[Action, ...], ...]:
+    """Read torch's own `pipeline_order` for a multi-stage schedule (stand-in stages, no group)."""
+    from types import SimpleNamespace
+
+    from torch.distributed.pipelining import schedules as torch_schedules
+
+    cls = torch_schedules.get_schedule_class(schedule)
+    stages = [SimpleNamespace(group_rank=0, group_size=n_ranks, num_stages=n_ranks * v, submod=None)
+              for _ in range(v)]
+    try:
+        sched = cls(stages, m)
+    except (ValueError, AssertionError, RuntimeError) as e:
+        raise InfeasiblePlanError(
+            f"torch's {schedule} refuses {m} micro-batch(es) on {n_ranks} ranks x {v} stages: {e}"
+        ) from None
+    out = []
+    for r in range(n_ranks):
+        acts = []
+        for a in sched.pipeline_order[r]:
+            if a is None:
+                continue
+            text = str(a)
+            if _ACTION_RE.fullmatch(text):
+                acts.append(Action.parse(text))
+            elif a.is_compute_op:  # e.g. an overlapped F+B pair: not a schedule this module offers
+                raise InfeasiblePlanError(f"{schedule}: action {text} is not supported by the simulator")
+        out.append(tuple(acts))
+    return tuple(out)
+
+
+def rank_actions(schedule: str, n_ranks: int, m: int, v: int) -> tuple[tuple[Action, ...], ...]:
+    """Per pipeline rank, the compute actions in the order the rank runs them."""
+    check_schedule(schedule)
+    if not stages_per_rank_ok(schedule, v):
+        need = "1" if schedule in SINGLE_STAGE else ("2" if schedule in V_SHAPED else ">= 2")
+        raise InfeasiblePlanError(f"schedule {schedule} needs {need} stage(s) per rank, the plan has {v}")
+    if m < 1:
+        raise InfeasiblePlanError(f"a pipeline needs at least 1 micro-batch, got {m}")
+    if schedule == "1F1B" and m < n_ranks:
+        raise InfeasiblePlanError(
+            f"1F1B needs micro-batches ({m}) >= stages ({n_ranks}); use GPipe for fewer micro-batches "
+            "(one micro-batch is plain model parallelism)"
+        )
+    if schedule in SINGLE_STAGE:
+        return _single_stage_actions(schedule, n_ranks, m)
+    return _torch_actions(schedule, n_ranks, m, v)
+
+
+def peak_inflight(actions: Sequence[Action], stage_act_bytes: dict[int, float]) -> float:
+    """Peak activation bytes a rank holds while running `actions`.
+
+    A micro-batch's activations live from its forward to its full backward, or to its
+    weight-gradient action when backward is split (the weight gradient needs the saved inputs).
+    """
+    split = any(a.kind == "W" for a in actions)
+    held = peak = 0.0
+    for a in actions:
+        if a.kind == "F":
+            held += stage_act_bytes[a.stage]
+            peak = max(peak, held)
+        elif a.kind == ("W" if split else "B"):
+            held -= stage_act_bytes[a.stage]
+    return peak
+
+
+def inflight_counts(actions_by_rank: Sequence[Sequence[Action]], n_stages: int) -> tuple[int, ...]:
+    """Per stage, the most micro-batches whose activations it holds at once."""
+    out = [0] * n_stages
+    for acts in actions_by_rank:
+        for s in {a.stage for a in acts}:
+            out[s] = int(round(peak_inflight([a for a in acts if a.stage == s], {s: 1.0})))
+    return tuple(out)
+
+
+# ----------------------------------------------------------------------------- simulation
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineTasks:
+    last_grad: dict[int, int]
+    """Per stage, the task that finishes its gradients (last B or W)."""
+    last: tuple[int, ...]
+    """Per pipeline rank, its last compute task."""
+
+
+def add_pipeline(g: TaskGraph, cost: CostModel, devices: Sequence[int], boundaries: Sequence[int], schedule: str,
+                 m: int, micro: int, precision: str, ckpt: int, tag: str = "") -> PipelineTasks:
+    """Add one pipeline's step (no optimizer) to `g`: the per-rank action lists as compute tasks on
+    f"dev{d}", activation and gradient transfers as tasks on directed link resources."""
+    n_ranks = len(devices)
+    n_stages = len(boundaries) - 1
+    v = n_stages // n_ranks
+    acts = rank_actions(schedule, n_ranks, m, v)
+    dev_of = [devices[stage_rank(schedule, n_ranks, s)] for s in range(n_stages)]
+
+    # Pass 1: every task as a spec with symbolic dependencies; ids are known before adding.
+    specs: list[tuple[str, str, float, tuple, str]] = []
+    key_of: dict[tuple, int] = {}
+
+    def spec(key, res, kind, dur, deps, label):
+        key_of[key] = len(specs)
+        specs.append((res, kind, dur, deps, label))
+
+    def act_ready(s, j):  # the forward input of stage s for micro-batch j is there
+        return ("xf", s - 1, j) if dev_of[s - 1] != dev_of[s] else ("F", s - 1, j)
+
+    def grad_ready(s, j):  # the output gradient of stage s for micro-batch j is there
+        return ("xb", s + 1, j) if dev_of[s + 1] != dev_of[s] else ("I", s + 1, j)
+
+    for r, rank_acts in enumerate(acts):
+        d = devices[r]
+        res = f"dev{d}"
+        for a in rank_acts:
+            s, j = a.stage, a.mb
+            lo, hi = boundaries[s], boundaries[s + 1]
+            lbl = f"{tag}{a}"
+            if a.kind == "F":
+                dur = cost.fwd_s(d, lo, hi, micro, precision) + cost.overhead_s(d)
+                spec(("F", s, j), res, "F", dur, (act_ready(s, j),) if s > 0 else (), lbl)
+                if s + 1 < n_stages and dev_of[s + 1] != d:
+                    nbytes = cost.blocks()[hi - 1].out_bytes_per_sample * micro
+                    spec(("xf", s, j), f"link{d}->{dev_of[s + 1]}", "p2p", cost.p2p_s(nbytes, d, dev_of[s + 1]),
+                         (("F", s, j),), f"{tag}act {s}->{s + 1} mb{j}")
+            elif a.kind in ("B", "I"):
+                bwd = cost.bwd_s(d, lo, hi, micro, precision)
+                share = 1.0 if a.kind == "B" else INPUT_GRAD_FRACTION
+                dur = share * bwd + cost.recompute_s(d, lo, hi, micro, precision, ckpt)
+                deps = (("F", s, j),) + ((grad_ready(s, j),) if s + 1 < n_stages else ())
+                spec(("I", s, j), res, "B", dur, deps, lbl)
+                if s > 0 and dev_of[s - 1] != d:
+                    nbytes = cost.blocks()[lo - 1].out_bytes_per_sample * micro
+                    spec(("xb", s, j), f"link{d}->{dev_of[s - 1]}", "p2p", cost.p2p_s(nbytes, d, dev_of[s - 1]),
+                         (("I", s, j),), f"{tag}grad {s}->{s - 1} mb{j}")
+            else:  # W
+                dur = (1.0 - INPUT_GRAD_FRACTION) * cost.bwd_s(d, lo, hi, micro, precision)
+                spec(("W", s, j), res, "W", dur, (("I", s, j),), lbl)
+
+    # Pass 2: add them with resolved ids.
+    base = len(g.tasks)
+    for res, kind, dur, deps, label in specs:
+        g.add(res, kind, dur, [base + key_of[k] for k in deps], label=label)
+    last_grad = {}
+    for s in range(n_stages):
+        # All of a stage's tasks sit on one rank in program order: the highest id finishes last.
+        last_grad[s] = base + max(i for k, i in key_of.items() if k[0] in ("I", "W") and k[1] == s)
+    last = tuple(base + max(key_of[_compute_key(a)] for a in rank_acts) for rank_acts in acts)
+    return PipelineTasks(last_grad=last_grad, last=last)
+
+
+def _compute_key(a: Action) -> tuple:
+    return ({"F": "F", "B": "I", "I": "I", "W": "W"}[a.kind], a.stage, a.mb)
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def stage_state(cost: CostModel, lo: int, hi: int) -> tuple[int, int, int]:
+    """(parameters + buffers, gradients, optimizer state) bytes of blocks lo..hi."""
+    p = cost.param_bytes(lo, hi)
+    return p + cost.buffer_bytes(lo, hi), p, cost.optim_state_bytes(cost.param_count(lo, hi))
+
+
+def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence[int], micro: int,
+                precision: str, ckpt: int) -> MemoryBreakdown:
+    """Bytes one pipeline rank holds at its peak: its stages' state plus in-flight activations."""
+    stages = sorted({a.stage for a in actions})
+    params = grads = optim = 0
+    act: dict[int, float] = {}
+    for s in stages:
+        lo, hi = boundaries[s], boundaries[s + 1]
+        p, gr, o = stage_state(cost, lo, hi)
+        params, grads, optim = params + p, grads + gr, optim + o
+        act[s] = cost.act_bytes(lo, hi, micro, precision, ckpt)
+    return MemoryBreakdown(params_bytes=params, grads_bytes=grads, optim_bytes=optim,
+                           activations_bytes=int(peak_inflight(actions, act)))
+
+
+# ----------------------------------------------------------------------------- boundaries
+
+
+@dataclass(frozen=True, slots=True)
+class Lane:
+    """One pipeline that shares the boundaries: the device of each stage and its micro-batch size."""
+
+    stage_devices: tuple[int, ...]
+    micro: int
+
+
+Elem = Callable[[int, int, int], "tuple[float, float] | None"]
+"""elem(stage, lo, hi) -> (seconds on the critical path, per-micro-batch bottleneck seconds), or None
+when blocks lo..hi cannot be stage `stage` (memory)."""
+
+
+def min_sum_plus_max(n_stages: int, n_blocks: int, elem: Elem, weight: float) -> tuple[float, tuple[int, ...]]:
+    """Exact minimum over contiguous partitions of blocks 0..n into n_stages non-empty ranges of
+    sum(a) + weight * max(peak), and the boundaries that reach it.
+
+    For a bound B on max(peak), a chain DP gives the least sum(a) with every peak <= B.  The
+    optimum's own max(peak) is one of the elements' peaks, so trying every candidate B (in
+    increasing order, stopping once weight * B alone cannot beat the best) is exact.
+    """
+    if n_stages < 1 or n_stages > n_blocks:
+        raise InfeasiblePlanError(f"{n_stages} stage(s) cannot split {n_blocks} block(s) into non-empty ranges")
+    table: dict[tuple[int, int, int], tuple[float, float]] = {}
+    for s in range(n_stages):
+        # Stage s starts at >= s and leaves >= 1 block for every later stage.
+        for lo in range(s, n_blocks - (n_stages - s) + 1):
+            his = [n_blocks] if s == n_stages - 1 else range(lo + 1, n_blocks - (n_stages - s - 1) + 1)
+            if s == 0 and lo != 0:
+                continue
+            for hi in his:
+                e = elem(s, lo, hi)
+                if e is not None:
+                    table[(s, lo, hi)] = e
+
+    def chain(bound: float) -> tuple[float, tuple[int, ...]] | None:
+        best = {0: (0.0, (0,))}  # after stage s-1: end block -> (sum, boundaries)
+        for s in range(n_stages):
+            nxt: dict[int, tuple[float, tuple[int, ...]]] = {}
+            for lo, (acc, bounds) in best.items():
+                for hi in range(lo + 1, n_blocks + 1):
+                    e = table.get((s, lo, hi))
+                    if e is None or e[1] > bound:
+                        continue
+                    cand = (acc + e[0], bounds + (hi,))
+                    if hi not in nxt or cand[0] < nxt[hi][0]:
+                        nxt[hi] = cand
+            best = nxt
+        return best.get(n_blocks)
+
+    free = chain(math.inf)
+    if free is None:
+        raise InfeasiblePlanError(
+            f"no split of the {n_blocks} blocks into {n_stages} stages fits every stage's device memory; "
+            "use more stages, fewer micro-batches in flight (1F1B), checkpointing, or devices with more memory"
+        )
+    if weight <= 0:
+        return free[0], free[1]
+    floor_sum = free[0]
+    best_val, best_bounds = math.inf, free[1]
+    for bound in sorted({e[1] for e in table.values()}):
+        if floor_sum + weight * bound >= best_val:
+            break
+        got = chain(bound)
+        if got is None:
+            continue
+        val = got[0] + weight * bound
+        if val < best_val:
+            best_val, best_bounds = val, got[1]
+    return best_val, best_bounds
+
+
+def step_elements(cost: CostModel, lanes: Sequence[Lane], n_stages: int, precision: str, ckpt: int,
+                  inflight: Sequence[int], tail_s: Callable[[int, int, int, int], float] | None = None,
+                  v: int = 1) -> Elem:
+    """Element costs of the analytic step time that `solve_boundaries` minimises.
+
+    For one lane (pipeline) with per-micro-batch stage times c_s (forward + backward +
+    recomputation) and link times l_s (activation out, gradient back), m micro-batches:
+
+        step = sum_s (c_s + l_s) + (m - 1) * v * max_s max(c_s, l_s) + tail
+
+    (fill and drain cross every stage once; the steady state runs at the slowest stage or
+    link; a rank with v stages runs v of them per round).  The tail is the optimizer step (and,
+    for hybrid, the gradient all-reduce) of stage 0, which finishes the step.  With several
+    lanes, each term takes the slowest lane.  Memory: each stage's parameters, gradients,
+    optimizer state and `inflight[s]` micro-batches of activations must fit its device.
+    """
+    nb = cost.facts.n_blocks
+    prefix: dict[tuple[int, int], list[float]] = {}
+
+    def pre(dev: int, micro: int) -> list[float]:
+        key = (dev, micro)
+        if key not in prefix:
+            acc = [0.0]
+            for k in range(nb):
+                t = (cost.fwd_s(dev, k, k + 1, micro, precision) + cost.bwd_s(dev, k, k + 1, micro, precision)
+                     + cost.recompute_s(dev, k, k + 1, micro, precision, ckpt))
+                acc.append(acc[-1] + t)
+            prefix[key] = acc
+        return prefix[key]
+
+    def elem(s: int, lo: int, hi: int):
+        a_max = peak_max = 0.0
+        for lane in lanes:
+            d = lane.stage_devices[s]
+            p, gr, o = stage_state(cost, lo, hi)
+            need = p + gr + o + inflight[s] * cost.act_bytes(lo, hi, lane.micro, precision, ckpt)
+            if need > cost.device(d).memory_bytes:
+                return None
+            acc = pre(d, lane.micro)
+            c = acc[hi] - acc[lo] + cost.overhead_s(d)
+            link = 0.0
+            if s + 1 < n_stages and lane.stage_devices[s + 1] != d:
+                nbytes = cost.blocks()[hi - 1].out_bytes_per_sample * lane.micro
+                link = 2 * cost.p2p_s(nbytes, d, lane.stage_devices[s + 1])
+            a = c + link + (tail_s(s, lo, hi, d) if tail_s is not None else 0.0)
+            a_max = max(a_max, a)
+            peak_max = max(peak_max, c, link)
+        return a_max, peak_max * v
+
+    return elem
+
+
+def solve_boundaries(cost: CostModel, lanes: Sequence[Lane], n_stages: int, m: int, precision: str, ckpt: int,
+                     inflight: Sequence[int], v: int = 1,
+                     tail_s: Callable[[int, int, int, int], float] | None = None) -> tuple[int, ...]:
+    """Stage boundaries that minimise the analytic step time under every device's memory cap (exact DP)."""
+    elem = step_elements(cost, lanes, n_stages, precision, ckpt, inflight, tail_s, v)
+    _, bounds = min_sum_plus_max(n_stages, cost.facts.n_blocks, elem, float(m - 1))
+    return bounds
+
+
+def optimizer_tail(cost: CostModel) -> Callable[[int, int, int, int], float]:
+    """Stage 0's optimizer step ends the step (it finishes the last backward)."""
+
+    def tail(s: int, lo: int, hi: int, dev: int) -> float:
+        return cost.opt_s(dev, cost.param_count(lo, hi)) if s == 0 else 0.0
+
+    return tail
+
+
+def check_boundaries(boundaries: Sequence[int], n_blocks: int) -> None:
+    b = list(boundaries)
+    if len(b) < 2 or b[0] != 0 or b[-1] != n_blocks or any(x >= y for x, y in zip(b, b[1:])):
+        raise InfeasiblePlanError(
+            f"stage boundaries {b} must rise strictly from 0 to the model's {n_blocks} blocks, e.g. [0, 3, {n_blocks}]"
+        )
+
+
+def divisors(n: int, cap: int = 64) -> list[int]:
+    return [k for k in range(1, min(n, cap) + 1) if n % k == 0]
+
+
+def available_schedules() -> tuple[str, ...]:
+    """Schedules the installed torch provides (DualPipeV and friends are not offered)."""
+    try:
+        from torch.distributed.pipelining import schedules as torch_schedules
+    except ImportError:  # pragma: no cover - torch without distributed
+        return SINGLE_STAGE
+    out = []
+    for name in SCHEDULES:
+        try:
+            torch_schedules.get_schedule_class(name)
+        except ValueError:
+            continue
+        out.append(name)
+    return tuple(out)

@@ -1,0 +1,257 @@
+"""`pipeline`: non-uniform stages on chosen devices in a chosen order, torch's schedules.
+
+Optuna picks the devices, their order, the schedule, the stages per rank and the
+number of micro-batches; the stage boundaries that minimise the step time under
+every device's memory cap are then computed exactly by dynamic programming
+(`_pipeline_sched.solve_boundaries`).  Model parallelism as people write it by hand
+is the one-micro-batch case (GPipe, m = 1), and its label says "model parallel".
+
+Simulation times the per-rank action lists the executor's torch schedule runs;
+real runs use `torch.distributed.pipelining` (`PipelineStage` + schedule class).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from hetsim.errors import InfeasiblePlanError
+from hetsim.simulator import TaskGraph
+from hetsim.types import MemoryBreakdown
+
+from . import register
+from ._pipeline_sched import (
+    SINGLE_STAGE,
+    V_SHAPED,
+    Lane,
+    add_pipeline,
+    available_schedules,
+    check_boundaries,
+    check_schedule,
+    divisors,
+    inflight_counts,
+    optimizer_tail,
+    rank_actions,
+    rank_memory,
+    rank_stages,
+    solve_boundaries,
+    stage_rank,
+)
+from .base import Plan, SearchContext, Strategy, WorkerContext
+from .ddp import choose_common, choose_devices
+
+if TYPE_CHECKING:
+    from hetsim.costmodel import CostModel
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelinePlan(Plan):
+    strategy: str = "pipeline"
+    boundaries: tuple[int, ...]
+    """Stage s runs blocks boundaries[s] .. boundaries[s+1]-1: from 0 to the model's block count,
+    strictly rising.  Stages are placed on `devices` (rank order) as the schedule places them:
+    stage s on rank s for GPipe/1F1B, s % ranks for looped schedules, V-shaped for ZBVZeroBubble."""
+    schedule: str = "1F1B"
+    """'GPipe', '1F1B', 'Interleaved1F1B', 'LoopedBFS', 'InterleavedZeroBubble' or 'ZBVZeroBubble'."""
+    microbatches: int = 1
+    """Micro-batches per step (1 = plain model parallelism); must divide `batch`."""
+    batch: int
+    """Samples per optimizer step."""
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch
+
+    @property
+    def n_stages(self) -> int:
+        return len(self.boundaries) - 1
+
+    @property
+    def stages_per_rank(self) -> int:
+        return self.n_stages // max(1, len(self.devices))
+
+    @property
+    def micro_batch(self) -> int:
+        return self.batch // self.microbatches
+
+    def stage_device(self, stage: int) -> int:
+        return self.devices[stage_rank(self.schedule, len(self.devices), stage)]
+
+
+# ----------------------------------------------------------------------------- search helpers (shared with hybrid)
+
+
+def ordered_devices(trial, ctx: SearchContext) -> tuple[int, ...]:
+    """Which devices (one yes/no each) and their order (a random key each, sorted)."""
+    used = choose_devices(trial, ctx)
+    if len(used) == 1:
+        return used
+    keys = {d: trial.suggest_float(f"order_dev{d}", 0.0, 1.0) for d in used}
+    return tuple(sorted(used, key=lambda d: (keys[d], d)))
+
+
+def choose_stages_per_rank(trial, schedule: str) -> int:
+    if schedule in SINGLE_STAGE:
+        return 1
+    if schedule in V_SHAPED:
+        return 2
+    return trial.suggest_categorical("stages_per_rank", [2, 3, 4])
+
+
+def micro_choices(ctx: SearchContext, min_micro: int) -> list[int]:
+    """Micro-batch counts that divide the global batch and leave >= min_micro samples each."""
+    if ctx.cost.facts.batch_coupled:
+        return [1]  # a coupled loss (InfoNCE) over micro-batches would change the objective
+    return [m for m in divisors(ctx.global_batch) if ctx.global_batch // m >= min_micro]
+
+
+def min_micro(ctx: SearchContext) -> int:
+    # BatchNorm needs more than one value per channel in every micro-batch.
+    return max(ctx.min_local_batch, 2 if ctx.cost.facts.has_batchnorm else 1)
+
+
+def check_common(cost: CostModel, boundaries, n_ranks: int, schedule: str, microbatches: int,
+                 batches: tuple[int, ...], precision: str) -> None:
+    """Checks shared by `pipeline` and `hybrid`; each message names the value and the limit."""
+    check_schedule(schedule)
+    check_boundaries(boundaries, cost.facts.n_blocks)
+    n_stages = len(boundaries) - 1
+    if n_stages % n_ranks:
+        raise InfeasiblePlanError(
+            f"{n_stages} stages do not spread evenly over {n_ranks} pipeline ranks; "
+            f"give a multiple of {n_ranks} stages"
+        )
+    for b in batches:
+        if microbatches < 1 or b % microbatches:
+            raise InfeasiblePlanError(
+                f"batch {b} does not divide into {microbatches} micro-batches; choose a divisor of {b}"
+            )
+    if cost.facts.batch_coupled and microbatches > 1:
+        raise InfeasiblePlanError(
+            f"the workload's loss couples every sample of the batch; {microbatches} micro-batches would "
+            "change what is optimised: use 1 micro-batch"
+        )
+    if precision == "fp16":
+        raise InfeasiblePlanError("fp16 needs loss scaling, which pipelined runs here do not do; use bf16 or fp32")
+    rank_actions(schedule, n_ranks, microbatches, n_stages // n_ranks)
+
+
+def stages_label(plan, devices_of_stage) -> str:
+    b = plan.boundaries
+    return " ".join(f"[{b[s]}:{b[s + 1]}]@dev{devices_of_stage(s)}" for s in range(len(b) - 1))
+
+
+def knobs_label(plan) -> str:
+    s = ""
+    if plan.precision != "fp32":
+        s += f" {plan.precision}"
+    if plan.checkpoint_blocks:
+        s += f" ckpt {plan.checkpoint_blocks}"
+    return s
+
+
+# ----------------------------------------------------------------------------- the family
+
+
+@register
+class Pipeline(Strategy):
+    name = "pipeline"
+    plan_type = PipelinePlan
+    display_name = "pipeline / model parallel"
+
+    def space(self, trial, ctx: SearchContext) -> PipelinePlan:
+        devices = ordered_devices(trial, ctx)
+        schedules = list(ctx.extra.get("pipeline_schedules", available_schedules()))
+        schedule = trial.suggest_categorical("schedule", schedules)
+        v = choose_stages_per_rank(trial, schedule)
+        m = trial.suggest_categorical("microbatches", micro_choices(ctx, min_micro(ctx)) or [1])
+        precision, ckpt = choose_common(trial, ctx, devices)
+        return self.solve(ctx.cost, devices, schedule=schedule, stages_per_rank=v, microbatches=m,
+                          batch=ctx.global_batch, precision=precision, checkpoint_blocks=ckpt)
+
+    def solve(self, cost: CostModel, devices: tuple[int, ...], *, schedule: str, stages_per_rank: int = 1,
+              microbatches: int, batch: int, precision: str = "fp32", checkpoint_blocks: int = 0) -> PipelinePlan:
+        """The plan with the best stage boundaries for these outer choices (exact DP)."""
+        n_ranks = len(devices)
+        n_stages = n_ranks * stages_per_rank
+        nb = cost.facts.n_blocks
+        if n_stages > nb:
+            raise InfeasiblePlanError(f"{n_stages} stages need at least {n_stages} blocks; the model has {nb}")
+        if microbatches < 1 or batch % microbatches:
+            raise InfeasiblePlanError(f"batch {batch} does not divide into {microbatches} micro-batches")
+        acts = rank_actions(schedule, n_ranks, microbatches, stages_per_rank)
+        stage_devs = tuple(devices[stage_rank(schedule, n_ranks, s)] for s in range(n_stages))
+        bounds = solve_boundaries(cost, [Lane(stage_devs, batch // microbatches)], n_stages, microbatches,
+                                  precision, checkpoint_blocks, inflight_counts(acts, n_stages),
+                                  v=stages_per_rank, tail_s=optimizer_tail(cost))
+        return PipelinePlan(devices=devices, boundaries=bounds, schedule=schedule, microbatches=microbatches,
+                            batch=batch, precision=precision, checkpoint_blocks=checkpoint_blocks)
+
+    def examples(self, ctx: SearchContext) -> list[PipelinePlan]:
+        cost, gb = ctx.cost, ctx.global_batch
+        devs = tuple(range(cost.n_devices))
+        P, nb = len(devs), cost.facts.n_blocks
+        out = [self.baseline(ctx)]  # hand-written model parallelism (GPipe, one micro-batch)
+        ms = [m for m in divisors(gb) if m >= P and gb // m >= min_micro(ctx)]
+        if ms and not cost.facts.batch_coupled:
+            m = ms[0]
+            out.append(self.solve(cost, devs, schedule="1F1B", microbatches=m, batch=gb,
+                                  checkpoint_blocks=nb // 2))
+            out.append(self.solve(cost, devs[::-1], schedule="GPipe", microbatches=m, batch=gb))
+            have = available_schedules()
+            if 2 * P <= nb:
+                if "Interleaved1F1B" in have:
+                    out.append(self.solve(cost, devs, schedule="Interleaved1F1B", stages_per_rank=2,
+                                          microbatches=m, batch=gb))
+                if "ZBVZeroBubble" in have:
+                    out.append(self.solve(cost, devs, schedule="ZBVZeroBubble", stages_per_rank=2,
+                                          microbatches=m, batch=gb))
+        return out
+
+    def baseline(self, ctx: SearchContext) -> PipelinePlan:
+        """Model parallelism as written by hand: every device in order, equal block counts, one micro-batch."""
+        n = ctx.cost.n_devices
+        nb = ctx.cost.facts.n_blocks
+        P = min(n, nb)
+        bounds = tuple(round(k * nb / P) for k in range(P + 1))
+        return PipelinePlan(devices=tuple(range(P)), boundaries=bounds, schedule="GPipe", microbatches=1,
+                            batch=ctx.global_batch)
+
+    def validate(self, plan: PipelinePlan, cost) -> None:
+        super().validate(plan, cost)
+        check_common(cost, plan.boundaries, len(plan.devices), plan.schedule, plan.microbatches, (plan.batch,),
+                     plan.precision)
+
+    def label(self, plan: PipelinePlan) -> str:
+        if plan.microbatches == 1:
+            head = "model parallel" + ("" if plan.schedule == "GPipe" else f" {plan.schedule}")
+        else:
+            head = f"pipeline {plan.schedule} m={plan.microbatches}"
+        return f"{head} {stages_label(plan, plan.stage_device)}{knobs_label(plan)}"
+
+    def graph(self, plan: PipelinePlan, cost) -> TaskGraph:
+        g = TaskGraph()
+        tasks = add_pipeline(g, cost, plan.devices, plan.boundaries, plan.schedule, plan.microbatches,
+                             plan.micro_batch, plan.precision, plan.checkpoint_blocks)
+        P = len(plan.devices)
+        for r, d in enumerate(plan.devices):
+            count = sum(cost.param_count(plan.boundaries[s], plan.boundaries[s + 1])
+                        for s in rank_stages(plan.schedule, P, plan.stages_per_rank, r))
+            g.add(f"dev{d}", "opt", cost.opt_s(d, count), [tasks.last[r]], label="opt")
+        return g
+
+    def memory(self, plan: PipelinePlan, cost) -> tuple[MemoryBreakdown, ...]:
+        acts = rank_actions(plan.schedule, len(plan.devices), plan.microbatches, plan.stages_per_rank)
+        return tuple(rank_memory(cost, acts[r], plan.boundaries, plan.micro_batch, plan.precision,
+                                 plan.checkpoint_blocks) for r in range(len(plan.devices)))
+
+    def executor(self, plan: PipelinePlan, ctx: WorkerContext):
+        from ._pipeline_run import PipelineExecutor
+
+        return PipelineExecutor(ctx, schedule=plan.schedule, boundaries=plan.boundaries,
+                                microbatches=plan.microbatches, precision=plan.precision,
+                                checkpoint_blocks=plan.checkpoint_blocks, replica_batches=(plan.batch,),
+                                pipeline_ranks=len(plan.devices))
+
+
+__all__ = ["Pipeline", "PipelinePlan"]
