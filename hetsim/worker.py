@@ -148,7 +148,10 @@ def run_job(job: Job) -> RankResult:
     checked_step(0)
     if emulator is not None:
         emulator.enabled = False
-    mem = measure_step(lambda: checked_step(1), model, opt, device)
+    # An executor whose step MemTracker's per-module attribution cannot follow (pipeline schedules
+    # call each stage once per micro-batch, zero-bubble ones run autograd.grad) measures itself.
+    own = getattr(ex, "measure_memory", None)
+    mem = own(lambda: checked_step(1)) if own is not None else measure_step(lambda: checked_step(1), model, opt, device)
     if emulator is not None:
         emulator.enabled = True
     if job.fault is not None and job.fault.kind == "oom" and job.fault.rank == rank:
