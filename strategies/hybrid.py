@@ -1,0 +1,311 @@
+"""`hybrid`: data-parallel replicas of one pipeline.
+
+R replicas x P pipeline ranks: devices[i * P + r] is replica i's pipeline rank r.  Every
+replica cuts the model at the same stage boundaries (a stage's gradients are all-reduced
+across its replicas, so they must hold the same parameters); replicas get uneven batches
+when they differ in speed.  Real runs wrap each stage module in DistributedDataParallel
+over the process group of the ranks holding that stage (torch's pipelining drives
+DDP's no_sync and the final reduction).
+
+Inner choices are solved, not sampled: for a batch split, the boundaries by the exact DP
+of `_pipeline_sched.solve_boundaries` (each stage timed on its slowest replica); for
+boundaries, the batch split by an exact min-max greedy over whole micro-batch units.  The
+two alternate from an even split until the split stops changing (at most 4 rounds), and
+the best pair by the analytic step time is kept.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from hetsim.errors import InfeasiblePlanError
+from hetsim.simulator import TaskGraph
+from hetsim.types import MemoryBreakdown
+
+from . import register
+from ._pipeline_sched import (
+    ZERO_BUBBLE,
+    Lane,
+    add_pipeline,
+    available_schedules,
+    divisors,
+    inflight_counts,
+    rank_actions,
+    rank_memory,
+    rank_stages,
+    solve_boundaries,
+    stage_rank,
+    step_elements,
+)
+from .base import Plan, SearchContext, Strategy, WorkerContext
+from .ddp import choose_common
+from .pipeline import (
+    check_common,
+    choose_stages_per_rank,
+    knobs_label,
+    micro_choices,
+    min_micro,
+    ordered_devices,
+    stages_label,
+)
+
+if TYPE_CHECKING:
+    from hetsim.costmodel import CostModel
+
+HYBRID_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS")
+"""Zero-bubble schedules are left out: their weight gradients come after the backward that
+DDP's reduction is prepared on."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class HybridPlan(Plan):
+    strategy: str = "hybrid"
+    replicas: int
+    """Data-parallel replicas; devices[i * P + r] is replica i's pipeline rank r (P = devices / replicas)."""
+    boundaries: tuple[int, ...]
+    """Stage s runs blocks boundaries[s] .. boundaries[s+1]-1, the same in every replica."""
+    schedule: str = "1F1B"
+    """'GPipe', '1F1B', 'Interleaved1F1B' or 'LoopedBFS'."""
+    microbatches: int = 1
+    """Micro-batches per replica per step; divides every replica's batch."""
+    replica_batch: tuple[int, ...]
+    """Samples per step of each replica (uneven when replicas differ in speed)."""
+
+    @property
+    def global_batch(self) -> int:
+        return sum(self.replica_batch)
+
+    @property
+    def pipeline_ranks(self) -> int:
+        return len(self.devices) // max(1, self.replicas)
+
+    @property
+    def n_stages(self) -> int:
+        return len(self.boundaries) - 1
+
+    @property
+    def stages_per_rank(self) -> int:
+        return self.n_stages // max(1, self.pipeline_ranks)
+
+    def replica_devices(self, i: int) -> tuple[int, ...]:
+        P = self.pipeline_ranks
+        return self.devices[i * P:(i + 1) * P]
+
+    def stage_device(self, replica: int, stage: int) -> int:
+        return self.replica_devices(replica)[stage_rank(self.schedule, self.pipeline_ranks, stage)]
+
+
+def _stage_devices(schedule: str, devs: tuple[int, ...], n_stages: int) -> tuple[int, ...]:
+    return tuple(devs[stage_rank(schedule, len(devs), s)] for s in range(n_stages))
+
+
+def _tail(cost: CostModel, group: tuple[int, ...]):
+    """Stage 0 ends the step: its gradient all-reduce across replicas, then its optimizer step."""
+
+    def tail(s: int, lo: int, hi: int, dev: int) -> float:
+        if s:
+            return 0.0
+        return cost.allreduce_s(cost.param_bytes(lo, hi), group) + cost.opt_s(dev, cost.param_count(lo, hi))
+
+    return tail
+
+
+def replica_time(cost: CostModel, stage_devs: tuple[int, ...], bounds: tuple[int, ...], micro: int, m: int, v: int,
+                 precision: str, ckpt: int, inflight, tail) -> float:
+    """Analytic step time of one replica (the DP's objective); inf when a stage does not fit."""
+    n_stages = len(bounds) - 1
+    elem = step_elements(cost, [Lane(stage_devs, micro)], n_stages, precision, ckpt, inflight, tail, v)
+    total, worst = 0.0, 0.0
+    for s in range(n_stages):
+        e = elem(s, bounds[s], bounds[s + 1])
+        if e is None:
+            return math.inf
+        total += e[0]
+        worst = max(worst, e[1])
+    return total + (m - 1) * worst
+
+
+def balance_replicas(cost: CostModel, lanes_devs: list[tuple[int, ...]], bounds: tuple[int, ...], global_batch: int,
+                     m: int, v: int, precision: str, ckpt: int, inflight, tail, min_micro_size: int) -> tuple[int, ...]:
+    """Exact min-max split of the batch over replicas in units of m samples (one per micro-batch).
+
+    A replica's step time does not fall when its micro-batches grow, so giving each next unit to
+    the replica that finishes it soonest minimises the slowest replica.
+    """
+    R = len(lanes_devs)
+    units = global_batch // m
+    if units < R * min_micro_size:
+        raise InfeasiblePlanError(
+            f"global batch {global_batch} gives {units} samples per micro-batch slot to share among {R} replicas "
+            f"(at least {min_micro_size} each); raise the batch or use fewer micro-batches or replicas"
+        )
+    k = [min_micro_size] * R
+
+    def t(i: int, micro: int) -> float:
+        return replica_time(cost, lanes_devs[i], bounds, micro, m, v, precision, ckpt, inflight, tail)
+
+    for _ in range(units - sum(k)):
+        best = min(range(R), key=lambda i: (t(i, k[i] + 1), i))
+        k[best] += 1
+    return tuple(x * m for x in k)
+
+
+@register
+class Hybrid(Strategy):
+    name = "hybrid"
+    plan_type = HybridPlan
+    display_name = "data-parallel pipelines"
+
+    def space(self, trial, ctx: SearchContext) -> HybridPlan:
+        devices = ordered_devices(trial, ctx)
+        n = len(devices)
+        P = trial.suggest_categorical("pipeline_ranks", list(range(1, ctx.cost.n_devices + 1)))
+        if n % P or n // P < 2 or P < 2:
+            raise InfeasiblePlanError(
+                f"{n} devices do not make >= 2 replicas of a >= 2-rank pipeline with {P} ranks "
+                "(one replica is `pipeline`, one rank is `ddp`)"
+            )
+        schedules = [s for s in ctx.extra.get("pipeline_schedules", available_schedules()) if s in HYBRID_SCHEDULES]
+        schedule = trial.suggest_categorical("hybrid_schedule", schedules)
+        v = choose_stages_per_rank(trial, schedule)
+        m = trial.suggest_categorical("microbatches", micro_choices(ctx, min_micro(ctx)) or [1])
+        precision, ckpt = choose_common(trial, ctx, devices)
+        return self.solve(ctx.cost, devices, replicas=n // P, schedule=schedule, stages_per_rank=v, microbatches=m,
+                          global_batch=ctx.global_batch, precision=precision, checkpoint_blocks=ckpt,
+                          min_micro_size=min_micro(ctx))
+
+    def solve(self, cost: CostModel, devices: tuple[int, ...], *, replicas: int, schedule: str,
+              stages_per_rank: int = 1, microbatches: int, global_batch: int, precision: str = "fp32",
+              checkpoint_blocks: int = 0, min_micro_size: int = 1) -> HybridPlan:
+        R, m, v = replicas, microbatches, stages_per_rank
+        if R < 1 or len(devices) % R:
+            raise InfeasiblePlanError(f"{len(devices)} devices do not split into {R} equal replicas")
+        P = len(devices) // R
+        n_stages = P * v
+        if n_stages > cost.facts.n_blocks:
+            raise InfeasiblePlanError(f"{n_stages} stages need at least {n_stages} blocks; the model has "
+                                      f"{cost.facts.n_blocks}")
+        if global_batch % m:
+            raise InfeasiblePlanError(f"global batch {global_batch} does not divide into {m} micro-batches")
+        acts = rank_actions(schedule, P, m, v)
+        inflight = inflight_counts(acts, n_stages)
+        lanes_devs = [_stage_devices(schedule, devices[i * P:(i + 1) * P], n_stages) for i in range(R)]
+        tail = _tail(cost, tuple(devices[i * P] for i in range(R)))
+        units = global_batch // m
+        split = tuple(m * (units // R + (1 if i < units % R else 0)) for i in range(R))
+        best: tuple[float, tuple[int, ...], tuple[int, ...]] | None = None
+        for _ in range(4):
+            lanes = [Lane(lanes_devs[i], split[i] // m) for i in range(R)]
+            try:
+                bounds = solve_boundaries(cost, lanes, n_stages, m, precision, checkpoint_blocks, inflight, v, tail)
+            except InfeasiblePlanError:
+                if best is None:
+                    raise
+                break
+            new = balance_replicas(cost, lanes_devs, bounds, global_batch, m, v, precision, checkpoint_blocks,
+                                   inflight, tail, min_micro_size)
+            score = max(replica_time(cost, lanes_devs[i], bounds, new[i] // m, m, v, precision, checkpoint_blocks,
+                                     inflight, tail) for i in range(R))
+            if best is None or score < best[0]:
+                best = (score, bounds, new)
+            if new == split:
+                break
+            split = new
+        assert best is not None
+        return HybridPlan(devices=devices, replicas=R, boundaries=best[1], schedule=schedule, microbatches=m,
+                          replica_batch=best[2], precision=precision, checkpoint_blocks=checkpoint_blocks)
+
+    def examples(self, ctx: SearchContext) -> list[HybridPlan]:
+        cost, gb = ctx.cost, ctx.global_batch
+        n, nb = cost.n_devices, cost.facts.n_blocks
+        devs = tuple(range(n))
+        out: list[HybridPlan] = []
+        if n >= 4 and n % 2 == 0:  # the real thing: 2 replicas x n/2 pipeline ranks
+            m = next((k for k in divisors(gb) if k >= n // 2 and gb // k >= 2 * min_micro(ctx)), 1)
+            out.append(self.solve(cost, devs, replicas=2, schedule="1F1B" if m >= n // 2 else "GPipe",
+                                  microbatches=m, global_batch=gb, min_micro_size=min_micro(ctx)))
+        if n >= 2:
+            # Degenerate shapes that still run every piece on two ranks: replicas of a one-stage
+            # pipeline (DDP over the stage group, uneven batch), and one replica of a two-stage
+            # pipeline (pipeline groups, per-stage groups of one).
+            m = 2 if gb % 2 == 0 and gb // 2 >= 2 * min_micro(ctx) else 1
+            out.append(self.solve(cost, devs[:2], replicas=2, schedule="GPipe", microbatches=m, global_batch=gb,
+                                  min_micro_size=min_micro(ctx)))
+            uneven = (gb - 3 * gb // 8, 3 * gb // 8)  # 5/3 of 8: the fast device takes more
+            if min(uneven) >= min_micro(ctx):
+                out.append(HybridPlan(devices=devs[:2], replicas=2, boundaries=(0, nb), schedule="GPipe",
+                                      microbatches=1, replica_batch=uneven, checkpoint_blocks=nb // 2))
+            if nb >= 2 and gb % 2 == 0:
+                out.append(self.solve(cost, devs[:2], replicas=1, schedule="1F1B", microbatches=2, global_batch=gb,
+                                      min_micro_size=min_micro(ctx)))
+        return out
+
+    def validate(self, plan: HybridPlan, cost) -> None:
+        super().validate(plan, cost)
+        if plan.replicas < 1 or len(plan.devices) % plan.replicas:
+            raise InfeasiblePlanError(
+                f"{len(plan.devices)} devices do not split into replicas({plan.replicas}) equal pipelines"
+            )
+        if len(plan.replica_batch) != plan.replicas:
+            raise InfeasiblePlanError(
+                f"hybrid plan has {len(plan.replica_batch)} replica batches for replicas({plan.replicas}); give one each"
+            )
+        if plan.schedule in ZERO_BUBBLE:
+            raise InfeasiblePlanError(
+                f"schedule {plan.schedule} is not offered with replicas (DDP reduces on the full backward); "
+                f"use one of {', '.join(HYBRID_SCHEDULES)}"
+            )
+        if cost.facts.batch_coupled and plan.replicas > 1:
+            raise InfeasiblePlanError(
+                "the workload's loss couples every sample of the batch; replicas computing it on their own "
+                "shares would change what is optimised"
+            )
+        check_common(cost, plan.boundaries, plan.pipeline_ranks, plan.schedule, plan.microbatches,
+                     plan.replica_batch, plan.precision)
+
+    def label(self, plan: HybridPlan) -> str:
+        reps = "; ".join(
+            f"{b}: {stages_label(plan, lambda s, i=i: plan.stage_device(i, s))}"
+            for i, b in enumerate(plan.replica_batch)
+        )
+        return (f"hybrid {plan.replicas}x{plan.pipeline_ranks} {plan.schedule} m={plan.microbatches} "
+                f"{{{reps}}}{knobs_label(plan)}")
+
+    def graph(self, plan: HybridPlan, cost) -> TaskGraph:
+        g = TaskGraph()
+        P, R, m = plan.pipeline_ranks, plan.replicas, plan.microbatches
+        tasks = [add_pipeline(g, cost, plan.replica_devices(i), plan.boundaries, plan.schedule, m,
+                              plan.replica_batch[i] // m, plan.precision, plan.checkpoint_blocks,
+                              tag=f"r{i}:" if R > 1 else "")
+                 for i in range(R)]
+        for r in range(P):
+            group = tuple(plan.replica_devices(i)[r] for i in range(R))
+            reduced = []
+            for s in rank_stages(plan.schedule, P, plan.stages_per_rank, r):
+                nbytes = cost.param_bytes(plan.boundaries[s], plan.boundaries[s + 1])
+                if R > 1:
+                    deps = [tasks[i].last_grad[s] for i in range(R)]
+                    reduced.append(g.add(f"dp{r}", "allreduce", cost.allreduce_s(nbytes, group), deps,
+                                         label=f"allreduce stage {s}"))
+            count = sum(cost.param_count(plan.boundaries[s], plan.boundaries[s + 1])
+                        for s in rank_stages(plan.schedule, P, plan.stages_per_rank, r))
+            for i in range(R):
+                d = plan.replica_devices(i)[r]
+                g.add(f"dev{d}", "opt", cost.opt_s(d, count), [tasks[i].last[r], *reduced], label="opt")
+        return g
+
+    def memory(self, plan: HybridPlan, cost) -> tuple[MemoryBreakdown, ...]:
+        P, m = plan.pipeline_ranks, plan.microbatches
+        acts = rank_actions(plan.schedule, P, m, plan.stages_per_rank)
+        return tuple(rank_memory(cost, acts[k % P], plan.boundaries, plan.replica_batch[k // P] // m,
+                                 plan.precision, plan.checkpoint_blocks) for k in range(len(plan.devices)))
+
+    def executor(self, plan: HybridPlan, ctx: WorkerContext):
+        from ._pipeline_run import PipelineExecutor
+
+        return PipelineExecutor(ctx, schedule=plan.schedule, boundaries=plan.boundaries,
+                                microbatches=plan.microbatches, precision=plan.precision,
+                                checkpoint_blocks=plan.checkpoint_blocks, replica_batches=plan.replica_batch,
+                                pipeline_ranks=plan.pipeline_ranks)
