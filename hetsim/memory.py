@@ -1,10 +1,281 @@
-"""stub"""
+"""Peak memory of one data-parallel device (families `ddp` and `zero`), as hetsim measures it.
+
+What is measured (hetsim.memtrack): tensor bytes at the peak of the *second* training
+step (step index 1), when the optimizer state already exists.  The model is
+
+    peak = model state + max over the step's phases of (activations + temporaries + comm buffers)
+
+- **Model state** (`model_state_bytes`, closed form): parameters, gradients, optimizer state
+  (1 tensor per parameter for SGD momentum, 2 for Adam/AdamW), plus buffers.  Sharding divides
+  what it shards; offload moves it to `host_bytes`.
+- **Activations**: the per-block profile (bytes saved for backward × micro-batch), minus the
+  boundary tensors that two adjacent blocks both save (one tensor, counted once: calibrated on
+  the whole model), swept over the backward pass: while block j runs backward, blocks < j still
+  hold what they saved, block j holds all of its activations (recomputed if checkpointed),
+  blocks > j are freed.  A checkpointed block keeps only its input.
+- **Temporaries** (calibrated, `MemoryCalibration.temp_bytes`): peak of a plain one-process step
+  minus its state and saved activations: a parameter's gradient before it is accumulated into
+  `.grad`, activation gradients, the loss.
+- **Communication buffers**: DDP allocates new gradient buckets once, at the start of the second
+  step, while the old ones still exist (one extra copy of the gradients, before any activation
+  exists).  FSDP2, per block: the flat all-gather output (kept until the next all-gather has been
+  copied out), the unsharded parameters and, in backward, their unsharded gradients; ZeRO-2 keeps
+  every gathered block from its forward to its backward; ZeRO-3 gathers each block again in
+  backward and prefetches the next one.
+
+Mixed precision: hetsim's executors keep fp32 parameters as the master copy at every precision
+(torch.autocast; FSDP2's MixedPrecisionPolicy shards fp32 parameters), so resident state is
+4 (params) + 4 (grads) + 4·s (optimizer) bytes per parameter (`FP32_MASTER`).  The 2-byte working
+copies are transient and counted where they live: autocast's cast weights are saved for backward
+and sit in the bf16 activation profile; FSDP2's gathered bf16 parameters and gradients are its
+communication buffers.  The ZeRO paper's layout (2-byte params and grads, fp32 master copy inside
+the optimizer state: 2 + 2 + 12 bytes for Adam) is `LOW_PRECISION_MASTER`; no executor here holds
+it, and both have 16 bytes per parameter in total.
+
+Nothing here imports torch: it is the simulation side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 from hetsim.types import MemoryBreakdown
+from hetsim.workloads import OPTIMIZER_STATE_PER_PARAM
+
+if TYPE_CHECKING:
+    from hetsim.costmodel import CostModel
+
+WORKING_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+"""Bytes per element of the parameters FSDP2 gathers (MixedPrecisionPolicy param_dtype)."""
 
 
-def data_parallel_memory(cost, dev, micro, precision, ckpt, **kw):
-    return MemoryBreakdown(other_bytes=1)
-def zero1_owned_counts(cost, n):
-    return [cost.param_count() // n] * n
-def batchnorm_warning(*a):
-    return None
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StateLayout:
+    """Bytes per parameter of each kind of model state."""
+
+    param_bytes: int = 4
+    grad_bytes: int = 4
+    master_bytes: int = 0
+    """A separate fp32 master copy, held with the optimizer state (0: the parameters are the master)."""
+    state_bytes: int = 4
+    """Bytes per optimizer state element."""
+
+
+FP32_MASTER = StateLayout()
+"""What hetsim's executors hold at every precision: fp32 parameters, gradients and optimizer state."""
+LOW_PRECISION_MASTER = StateLayout(param_bytes=2, grad_bytes=2, master_bytes=4)
+"""The ZeRO paper's mixed-precision layout (DeepSpeed fp16): 2 + 2 + (4 + 4·s) bytes per parameter."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Sharding:
+    """Which model state is divided among `shards` ranks, and whether the shards live on the host."""
+
+    shards: int = 1
+    params: bool = False
+    grads: bool = False
+    optim: bool = False
+    offload: bool = False
+    """Sharded parameters, gradients and optimizer state in host memory (FSDP2 CPUOffloadPolicy)."""
+
+    @staticmethod
+    def zero_stage(stage: int, shards: int, offload: bool = False) -> Sharding:
+        """The ZeRO paper's stages: 1 shards the optimizer state, 2 also gradients, 3 also parameters."""
+        return Sharding(shards=shards, optim=stage >= 1, grads=stage >= 2, params=stage >= 3, offload=offload)
+
+    @staticmethod
+    def fsdp(shards: int, offload: bool = False) -> Sharding:
+        """FSDP2 (hetsim's ZeRO-2 and ZeRO-3): everything is sharded at rest; ZeRO-2 differs only in
+        keeping the gathered parameters from forward to backward (a working set, not resident state)."""
+        return Sharding(shards=shards, optim=True, grads=True, params=True, offload=offload)
+
+
+def _div(nbytes: int, shards: int) -> int:
+    return -(-nbytes // max(1, shards))
+
+
+def model_state_bytes(param_count: int, *, optim_states: int, layout: StateLayout = FP32_MASTER,
+                      sharding: Sharding = Sharding(), optim_count: int | None = None) -> MemoryBreakdown:
+    """Resident parameters, gradients and optimizer state of one rank (buffers excluded).
+
+    `optim_count`: parameters whose optimizer state this rank holds, where the partition is not an
+    even split (ZeroRedundancyOptimizer assigns whole parameters); default param_count / shards.
+    """
+    n = sharding.shards
+    params = layout.param_bytes * param_count
+    grads = layout.grad_bytes * param_count
+    per_opt = layout.master_bytes + optim_states * layout.state_bytes
+    if sharding.params:
+        params = _div(params, n)
+    if sharding.grads:
+        grads = _div(grads, n)
+    if optim_count is not None:
+        optim = per_opt * optim_count
+    else:
+        optim = _div(per_opt * param_count, n) if sharding.optim else per_opt * param_count
+    if sharding.offload:
+        return MemoryBreakdown(host_bytes=params + grads + optim)
+    return MemoryBreakdown(params_bytes=params, grads_bytes=grads, optim_bytes=optim)
+
+
+# ----------------------------------------------------------------------------- ZeRO-1 partition
+
+
+def zero1_owned_counts(cost: CostModel, shards: int) -> list[int]:
+    """Parameters whose optimizer state each rank owns under ZeroRedundancyOptimizer: whole
+    parameters, largest first, each to the rank with the fewest so far (its partition rule).
+    Without per-parameter sizes in the profile, an even split."""
+    numels = [n for b in cost.ref.blocks for n in b.param_numels]
+    if not numels:
+        total = cost.param_count()
+        return [total // shards + (1 if r < total % shards else 0) for r in range(shards)]
+    owned = [0] * shards
+    for n in sorted(numels, reverse=True):  # stable sort: ties keep model order, as torch's
+        r = owned.index(min(owned))
+        owned[r] += n
+    return owned
+
+
+# ----------------------------------------------------------------------------- activations
+
+
+@dataclass(frozen=True, slots=True)
+class _BlockActs:
+    kept: list[float]
+    """Bytes block k keeps from its forward until its backward."""
+    full: list[float]
+    """Bytes block k holds while it runs backward (recomputed when checkpointed)."""
+
+
+def _block_activations(cost: CostModel, mb: float, precision: str, ckpt: int) -> _BlockActs:
+    ref = cost.ref
+    blocks = ref.blocks
+    n = len(blocks)
+    key = precision if precision in blocks[0].act_bytes else "fp32"
+    act = [b.act_bytes[key](mb) for b in blocks]
+    inp = [ref.input_bytes_per_sample * mb] + [blocks[k - 1].out_bytes_per_sample * mb for k in range(1, n)]
+    # Boundary tensors saved by both neighbours (a block's output that the next block saves as its
+    # input) are one storage: the calibrated whole-model total says how much the per-block sum
+    # over-counts; it is spread over the boundaries in proportion to their size.
+    overlap = [0.0] * n
+    cal = ref.memory
+    if cal is not None and n > 1:
+        whole = (cal.saved_bytes.get(key) or cal.saved_bytes.get("fp32"))
+        boundary = sum(inp[1:])
+        if whole is not None and boundary > 0:
+            extra = max(0.0, sum(act) - whole(mb))
+            share = min(1.0, extra / boundary)
+            overlap = [0.0] + [share * b for b in inp[1:]]
+    kept, full = [], []
+    for k in range(n):
+        # Only a block that is not checkpointed saves its output for the next block to share.
+        ovl = overlap[k] if k >= 1 and k - 1 >= ckpt else 0.0
+        kept.append(max(0.0, (inp[k] if k < ckpt else act[k]) - ovl))
+        full.append(max(0.0, act[k] - ovl))
+    return _BlockActs(kept, full)
+
+
+def temporaries_bytes(cost: CostModel, mb: float, precision: str) -> float:
+    """Calibrated temporaries at the backward peak of a plain step (0 without a calibration)."""
+    cal = cost.ref.memory
+    if cal is None:
+        return 0.0
+    fit = cal.temp_bytes.get(precision) or cal.temp_bytes.get("fp32")
+    return fit(mb) if fit is not None else 0.0
+
+
+def largest_param_bytes(cost: CostModel) -> int:
+    """The largest single parameter (fp32 bytes): the gradient temporary a plain step creates
+    before accumulating it, which FSDP's fresh unsharded gradients replace."""
+    numels = [n for b in cost.ref.blocks for n in b.param_numels]
+    return 4 * max(numels) if numels else 0
+
+
+# ----------------------------------------------------------------------------- one device
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Phase:
+    activations: float
+    other: float
+
+
+def data_parallel_memory(cost: CostModel, dev: int, micro: int, precision: str, ckpt: int, *,
+                         shards: int = 1, zero_stage: int = 0, offload: bool = False,
+                         rank: int = 0, group: tuple[int, ...] | None = None) -> MemoryBreakdown:
+    """Peak bytes of one rank of a data-parallel group of `shards` ranks.
+
+    zero_stage 0: DDP; 1: DDP + ZeroRedundancyOptimizer; 2 and 3: FSDP2 (reshard after forward
+    off / on).  `micro` is this rank's largest micro-batch; `rank` its position in the group (for
+    ZeRO-1's uneven partition).  `dev` and `group` are not used yet: memory is a property of the
+    model, not of the device kind.
+    """
+    del dev, group
+    count = cost.param_count()
+    states = OPTIMIZER_STATE_PER_PARAM.get(cost.optimizer, 2)
+    if zero_stage == 0:
+        state = model_state_bytes(count, optim_states=states)
+    elif zero_stage == 1:
+        owned = zero1_owned_counts(cost, shards)[rank]
+        state = model_state_bytes(count, optim_states=states, sharding=Sharding.zero_stage(1, shards),
+                                  optim_count=owned)
+    else:
+        state = model_state_bytes(count, optim_states=states, sharding=Sharding.fsdp(shards, offload))
+    acts = _block_activations(cost, micro, precision, ckpt)
+    if zero_stage <= 1:
+        phases = _ddp_phases(cost, acts, micro, precision)
+    else:
+        phases = _fsdp_phases(cost, acts, micro, precision, zero_stage)
+    peak = max(phases, key=lambda p: p.activations + p.other)
+    return MemoryBreakdown(
+        params_bytes=state.params_bytes + cost.buffer_bytes(),  # FSDP2 does not shard or offload buffers
+        grads_bytes=state.grads_bytes,
+        optim_bytes=state.optim_bytes,
+        activations_bytes=int(peak.activations),
+        other_bytes=int(peak.other),
+        host_bytes=state.host_bytes,
+    )
+
+
+def _ddp_phases(cost: CostModel, acts: _BlockActs, micro: int, precision: str) -> list[_Phase]:
+    temps = temporaries_bytes(cost, micro, precision)
+    # Gradient buckets are views of fresh storage; DDP rebuilds them at the second step's forward.
+    phases = [_Phase(activations=0.0, other=float(cost.param_bytes()))]
+    before = 0.0
+    for k in range(len(acts.kept)):
+        phases.append(_Phase(activations=before + acts.full[k], other=temps))
+        before += acts.kept[k]
+    return phases
+
+
+def _fsdp_phases(cost: CostModel, acts: _BlockActs, micro: int, precision: str, stage: int) -> list[_Phase]:
+    n = len(acts.kept)
+    w = WORKING_BYTES.get(precision, 4)
+    gathered = [cost.param_count(k, k + 1) * w for k in range(n)]  # unsharded params = flat output = grads
+    # Activation gradients and the like; the parameter-gradient temporary of a plain step does not
+    # exist here (FSDP's unsharded gradients are fresh tensors, counted as `gathered`).
+    temps = max(0.0, temporaries_bytes(cost, micro, precision) - largest_param_bytes(cost))
+    phases = []
+    before = 0.0
+    prefix = [0.0]
+    for k in range(n):
+        prefix.append(prefix[-1] + gathered[k])
+    last_flat = gathered[n - 1] if n else 0.0
+    for k in range(n):  # forward: gather block k while the previous flat output is still held
+        prev_flat = gathered[k - 1] if k else 0.0
+        resident = prefix[k] if stage == 2 else 0.0
+        phases.append(_Phase(activations=before, other=resident + 2 * gathered[k] + prev_flat))
+        before += acts.kept[k]
+    for k in reversed(range(n)):  # backward of block k
+        before -= acts.kept[k]
+        if stage == 2:
+            # Blocks <= k still gathered since forward; no all-gather in backward, the forward's last
+            # flat output is still held.
+            comm = prefix[k + 1] + gathered[k] + last_flat
+        else:
+            # Block k gathered again (params + its flat output, held) and its unsharded gradients,
+            # plus the prefetched flat output of block k-1.
+            comm = 3 * gathered[k] + (gathered[k - 1] if k else 0.0)
+        phases.append(_Phase(activations=before + acts.full[k], other=comm + temps))
+    return phases

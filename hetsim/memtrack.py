@@ -19,7 +19,11 @@ def measure_step(fn: Callable[[], object], model: nn.Module, optimizer, device: 
         torch.cuda.synchronize(device)
         # The CUDA allocator knows only a total: report it as 'other' beside the exact state sizes.
         peak = int(torch.cuda.max_memory_allocated(device))
-        params = sum(p.numel() * p.element_size() for p in model.parameters())
+        params = 0
+        for p in model.parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p  # FSDP2: this rank's shard only
+            if local.device == device:  # offloaded shards live on the host
+                params += local.numel() * local.element_size()
         return MemoryBreakdown(params_bytes=params, other_bytes=max(0, peak - params))
     from torch.distributed._tools.mem_tracker import MemTracker
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from hetsim.memprofile import profile_memory
 from hetsim.profiles import BlockProfile, BlockTiming, DeviceProfile, ModelProfile
 from hetsim.types import Fit
 from hetsim.workloads import Workload, make_optimizer
@@ -215,6 +216,7 @@ def profile_model(
                 act_bytes={p: Fit.least_squares(list(micro_batches), acts[p][k]) for p in precisions},
                 out_bytes_per_sample=out_bytes[k],
                 flops_per_sample=flops[k],
+                param_numels=tuple(p.numel() for p in blk.parameters()),
             )
         )
     opt_fits = {name: _profile_optimizer(model, name, device, reps) for name in ("adamw", "sgd")}
@@ -230,6 +232,7 @@ def profile_model(
         opt_step_s=opt_fits,
         step_overhead_s=statistics.median(overhead) if overhead else 0.0,
         input_bytes_per_sample=input_bytes,
+        memory=profile_memory(workload, device, micro_batches, precisions),
     )
 
 

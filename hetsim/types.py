@@ -65,6 +65,8 @@ class Prediction:
     bubble_fraction: float = 0.0
     breakdown_s: dict[str, float] = field(default_factory=dict)
     """Where the step's time goes on the critical device (compute, exposed comm, optimizer...)."""
+    warnings: tuple[str, ...] = ()
+    """Feasible but questionable (e.g. BatchNorm statistics over a tiny per-device batch)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

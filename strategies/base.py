@@ -18,6 +18,9 @@ if TYPE_CHECKING:  # torch and optuna stay out of the simulation path
     from hetsim.workloads import Workload
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+BN_MIN_MICRO_BATCH = 8
+"""BatchNorm's batch statistics get noisy below about 8 samples per device and hurt accuracy
+(the Group Normalization paper, Wu and He 2018, measured it); hetsim warns there, it does not refuse."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,8 +146,13 @@ class Strategy(ABC):
             violations=tuple(violations),
             bubble_fraction=max(0.0, bubble),
             breakdown_s=self.breakdown(plan, cost, g, sched),
+            warnings=self.warnings(plan, cost),
         )
         return pred, sched, g
+
+    def warnings(self, plan: Plan, cost: CostModel) -> tuple[str, ...]:
+        """Why a feasible plan may still train badly (shown beside its prediction)."""
+        return ()
 
     def breakdown(self, plan: Plan, cost: CostModel, g: TaskGraph, sched: Schedule) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -159,3 +167,18 @@ class Strategy(ABC):
     def baseline(self, ctx: SearchContext) -> Plan | None:
         """The plan a user would run by default with this family (None: no baseline)."""
         return None
+
+
+def batchnorm_warning(cost: CostModel, devices: tuple[int, ...], micro_batches: tuple[int, ...]) -> str | None:
+    """A warning when a BatchNorm model gets per-device micro-batches too small for its statistics."""
+    if not cost.facts.has_batchnorm:
+        return None
+    small = [(d, b) for d, b in zip(devices, micro_batches) if b < BN_MIN_MICRO_BATCH]
+    if not small:
+        return None
+    which = ", ".join(f"device {d}: {b}" for d, b in small)
+    return (
+        f"BatchNorm model with per-device micro-batches below {BN_MIN_MICRO_BATCH} ({which}): each device "
+        "normalises with its own small-batch statistics, which can hurt accuracy; raise the global batch or "
+        "--min-local-batch, use fewer accumulation steps, or a GroupNorm model"
+    )

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hetsim.errors import InfeasiblePlanError
+from hetsim.memory import data_parallel_memory  # the memory model of ddp and zero
 from hetsim.simulator import TaskGraph
 from hetsim.types import MemoryBreakdown
 
 from . import register
-from .base import Plan, SearchContext, Strategy, WorkerContext
+from .base import Plan, SearchContext, Strategy, WorkerContext, batchnorm_warning
 
 if TYPE_CHECKING:
     from hetsim.costmodel import CostModel
@@ -60,35 +61,6 @@ def buckets(cost: CostModel) -> list[tuple[int, int]]:
     if size:
         out.append((low, size))  # type: ignore[arg-type]
     return out
-
-
-def data_parallel_memory(cost: CostModel, dev: int, micro: int, precision: str, ckpt: int,
-                         *, shard: int = 1, zero_stage: int = 0, offload: bool = False) -> MemoryBreakdown:
-    """Bytes one data-parallel rank holds; shared with the `zero` family."""
-    n = cost.facts.n_blocks
-    p = cost.param_bytes()
-    count = cost.param_count()
-    opt = cost.optim_state_bytes(count)
-    params, grads, optim = p, p, opt
-    if zero_stage >= 1:
-        optim = opt // shard
-    if zero_stage >= 2:
-        grads = p // shard
-    if zero_stage >= 3:
-        params = p // shard
-    host = 0
-    if offload:
-        host = params + grads + optim
-        params, grads, optim = 0, 0, 0
-    acts = cost.act_bytes(0, n, micro, precision, ckpt)
-    return MemoryBreakdown(
-        params_bytes=params + cost.buffer_bytes(),
-        grads_bytes=grads,
-        optim_bytes=optim,
-        activations_bytes=acts,
-        other_bytes=0,
-        host_bytes=host,
-    )
 
 
 def balance_batch(cost: CostModel, devices: tuple[int, ...], global_batch: int, accum: int,
@@ -257,6 +229,11 @@ class DDP(Strategy):
         if plan.checkpoint_blocks:
             s += f" ckpt {plan.checkpoint_blocks}"
         return s
+
+    def warnings(self, plan: DDPPlan, cost) -> tuple[str, ...]:
+        micro = tuple(-(-b // plan.accum_steps) for b in plan.local_batch)
+        msg = batchnorm_warning(cost, plan.devices, micro)
+        return (msg,) if msg else ()
 
     def graph(self, plan: DDPPlan, cost) -> TaskGraph:
         count = cost.param_count()

@@ -1,0 +1,434 @@
+"""`zero`: sharded data parallel with an uneven batch per device.
+
+Stages (the ZeRO paper's), each run with PyTorch's own machinery:
+
+- ZeRO-1: DistributedDataParallel + `ZeroRedundancyOptimizer` (optimizer state sharded);
+- ZeRO-2: FSDP2 `fully_shard` per block and on the root, `reshard_after_forward=False`
+  (gradients and optimizer state sharded; parameters stay gathered from forward to backward);
+- ZeRO-3: the same with `reshard_after_forward=True` (parameters sharded too).
+
+Offload (stages 2 and 3) is FSDP2's `CPUOffloadPolicy`: sharded parameters,
+gradients and optimizer state live in host memory and the optimizer steps on
+the host.  The batch split is ddp's exact solver; each rank's loss is scaled by
+world_size / global_batch because FSDP averages gradients like DDP does.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from hetsim.errors import InfeasiblePlanError
+from hetsim.memory import data_parallel_memory, zero1_owned_counts
+from hetsim.simulator import TaskGraph
+from hetsim.types import MemoryBreakdown
+
+from . import register
+from .base import Plan, SearchContext, Strategy, WorkerContext, batchnorm_warning
+from .ddp import (
+    DDP,
+    _precision_ok,
+    balance_batch,
+    choose_common,
+    choose_devices,
+    data_parallel_graph,
+    micro_sizes,
+)
+
+if TYPE_CHECKING:
+    from hetsim.costmodel import CostModel
+
+STAGES = (1, 2, 3)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ZeROPlan(Plan):
+    strategy: str = "zero"
+    local_batch: tuple[int, ...]
+    """Samples per optimizer step on each plan device (uneven on mismatched devices)."""
+    accum_steps: int = 1
+    """Micro-steps per optimizer step (ZeRO-1: no_sync on all but the last; FSDP reduce-scatters each)."""
+    zero_stage: int = 3
+    """1: optimizer state sharded; 2: and gradients; 3: and parameters."""
+    offload: bool = False
+    """Stages 2 and 3: sharded parameters, gradients and optimizer state in host memory (CPUOffloadPolicy)."""
+
+    @property
+    def global_batch(self) -> int:
+        return sum(self.local_batch)
+
+    def micro_batches(self) -> tuple[int, ...]:
+        """Largest micro-batch of each device (what its activations and BatchNorm see)."""
+        return tuple(-(-b // self.accum_steps) for b in self.local_batch)
+
+
+@register
+class ZeRO(Strategy):
+    name = "zero"
+    plan_type = ZeROPlan
+    display_name = "ZeRO / FSDP2 sharded data parallel (uneven batch)"
+
+    # ------------------------------------------------------------------ search
+
+    def space(self, trial, ctx: SearchContext) -> ZeROPlan:
+        devices = choose_devices(trial, ctx)
+        precision, ckpt = choose_common(trial, ctx, devices)
+        stage = trial.suggest_categorical("zero_stage", list(STAGES))
+        offload = stage >= 2 and trial.suggest_categorical("offload", [False, True])
+        accum = 1
+        if not ctx.cost.facts.batch_coupled:
+            accum = trial.suggest_categorical("accum_steps", [a for a in (1, 2, 4) if a <= ctx.max_accum])
+        cost = ctx.cost
+
+        def memory_of(dev: int, micro: int) -> MemoryBreakdown:
+            return data_parallel_memory(cost, dev, micro, precision, ckpt, shards=len(devices), zero_stage=stage,
+                                        offload=offload, rank=devices.index(dev), group=devices)
+
+        local = balance_batch(cost, devices, ctx.global_batch, accum, precision, ckpt, DDP.min_local(ctx),
+                              memory_fn=memory_of)
+        return ZeROPlan(devices=devices, local_batch=local, accum_steps=accum, precision=precision,
+                        checkpoint_blocks=ckpt, zero_stage=stage, offload=offload)
+
+    def examples(self, ctx: SearchContext) -> list[ZeROPlan]:
+        n = ctx.cost.n_devices
+        gb = ctx.global_batch
+        devs = tuple(range(n))
+        uneven = tuple([gb - (gb // (n + 1)) * (n - 1)] + [gb // (n + 1)] * (n - 1)) if n > 1 else (gb,)
+        half = ctx.cost.facts.n_blocks // 2
+        return [
+            ZeROPlan(devices=devs, local_batch=uneven, zero_stage=1),
+            ZeROPlan(devices=devs, local_batch=uneven, zero_stage=2, accum_steps=2),
+            ZeROPlan(devices=devs, local_batch=uneven, zero_stage=3, checkpoint_blocks=half),
+            ZeROPlan(devices=devs, local_batch=uneven, zero_stage=3, offload=True),
+        ]
+
+    def baseline(self, ctx: SearchContext) -> ZeROPlan:
+        """What a user runs by default: FSDP (ZeRO-3) on every device, the same local batch, fp32."""
+        n = ctx.cost.n_devices
+        base, rem = divmod(ctx.global_batch, n)
+        local = tuple(base + (1 if i < rem else 0) for i in range(n))
+        return ZeROPlan(devices=tuple(range(n)), local_batch=local, zero_stage=3)
+
+    def validate(self, plan: ZeROPlan, cost) -> None:
+        super().validate(plan, cost)
+        if len(plan.local_batch) != len(plan.devices):
+            raise InfeasiblePlanError(
+                f"zero plan has {len(plan.local_batch)} local batches for {len(plan.devices)} devices; give one per device"
+            )
+        if plan.accum_steps < 1 or min(plan.local_batch) < plan.accum_steps:
+            raise InfeasiblePlanError(
+                f"zero plan local batches {list(plan.local_batch)} must each be >= accum_steps ({plan.accum_steps})"
+            )
+        if plan.zero_stage not in STAGES:
+            raise InfeasiblePlanError(f"zero_stage {plan.zero_stage} is not one of {list(STAGES)}")
+        if plan.offload and plan.zero_stage < 2:
+            raise InfeasiblePlanError(
+                "offload needs zero_stage 2 or 3 (FSDP2's CPUOffloadPolicy); ZeroRedundancyOptimizer (stage 1) "
+                "cannot offload: use zero_stage 2 or 3, or offload=False"
+            )
+        bad = [d for d in plan.devices if not _precision_ok(cost, d, plan.precision)]
+        if bad:
+            need = ("loss scaling, which runs on CUDA only" if plan.precision == "fp16"
+                    else "compute capability >= 8.0")
+            raise InfeasiblePlanError(
+                f"precision {plan.precision} needs {need}; device(s) {bad} lack it: use "
+                f"{'bf16 or fp32' if plan.precision == 'fp16' else 'fp32'}"
+            )
+
+    def label(self, plan: ZeROPlan) -> str:
+        s = f"zero{plan.zero_stage}{' offload' if plan.offload else ''} {'/'.join(map(str, plan.local_batch))}"
+        s += f" on dev {','.join(map(str, plan.devices))}"
+        if plan.accum_steps > 1:
+            s += f" accum {plan.accum_steps}"
+        if plan.precision != "fp32":
+            s += f" {plan.precision}"
+        if plan.checkpoint_blocks:
+            s += f" ckpt {plan.checkpoint_blocks}"
+        return s
+
+    def warnings(self, plan: ZeROPlan, cost: CostModel) -> tuple[str, ...]:
+        msg = batchnorm_warning(cost, plan.devices, plan.micro_batches())
+        return (msg,) if msg else ()
+
+    # ------------------------------------------------------------------ simulation
+
+    def memory(self, plan: ZeROPlan, cost) -> tuple[MemoryBreakdown, ...]:
+        return tuple(
+            data_parallel_memory(cost, d, mb, plan.precision, plan.checkpoint_blocks, shards=len(plan.devices),
+                                 zero_stage=plan.zero_stage, offload=plan.offload, rank=r, group=plan.devices)
+            for r, (d, mb) in enumerate(zip(plan.devices, plan.micro_batches()))
+        )
+
+    def graph(self, plan: ZeROPlan, cost) -> TaskGraph:
+        if plan.zero_stage == 1:
+            return _zero1_graph(plan, cost)
+        return _sharded_graph(plan, cost)
+
+    def executor(self, plan: ZeROPlan, ctx: WorkerContext):
+        if plan.zero_stage == 1:
+            return ZeRO1Executor(plan, ctx)
+        return FSDPExecutor(plan, ctx)
+
+
+# ----------------------------------------------------------------------------- time
+
+
+def _zero1_graph(plan: ZeROPlan, cost: CostModel) -> TaskGraph:
+    """DDP's step with each rank stepping only the parameters it owns, then the owners broadcast them."""
+    owned = zero1_owned_counts(cost, len(plan.devices))
+    g = data_parallel_graph(cost, plan.devices, plan.local_batch, plan.accum_steps, plan.precision,
+                            plan.checkpoint_blocks, [float(c) for c in owned])
+    opts = [t.tid for t in g.tasks if t.kind == "opt"]
+    # ZeroRedundancyOptimizer broadcasts every owner's parameters: all-gather volume of the whole model.
+    g.add("comm", "allgather", cost.allgather_s(cost.param_bytes(), tuple(plan.devices)), opts, label="param broadcast")
+    return g
+
+
+def _sharded_graph(plan: ZeROPlan, cost: CostModel) -> TaskGraph:
+    """FSDP2: per-block all-gather before forward (and before backward for ZeRO-3), per-block
+    reduce-scatter after backward, on one shared communication channel; the optimizer steps
+    the local shard (on the host with offload)."""
+    n = cost.facts.n_blocks
+    devs = tuple(plan.devices)
+    shards = len(devs)
+    wbytes = 2 if plan.precision in ("bf16", "fp16") else 4  # MixedPrecisionPolicy gathers in param_dtype
+    g = TaskGraph()
+    last_rs: list[int] = []
+    fwd_start: dict[tuple[int, int], int] = {}
+    for j in range(plan.accum_steps):
+        sizes = [micro_sizes(b, plan.accum_steps)[j] for b in plan.local_batch]
+        # Forward: all-gather block k may run one block ahead of the compute (FSDP2's prefetch).
+        prev_f: list[int | None] = [None] * shards
+        for k in range(n):
+            pk = cost.param_bytes(k, k + 1)
+            ag = None
+            if pk:
+                deps = [fwd_start.get((i, k - 1)) for i in range(shards)]
+                ag = g.add("comm", "allgather", cost.allgather_s(pk * wbytes / 4, devs), deps, label=f"AG{j}.{k}")
+            for i, d in enumerate(devs):
+                dur = cost.fwd_s(d, k, k + 1, sizes[i], plan.precision)
+                if k == 0:
+                    dur += cost.overhead_s(d)
+                if plan.offload and pk:
+                    dur += _host_copy_s(cost, d, pk / shards)
+                tid = g.add(f"dev{d}", "F", dur, [ag, prev_f[i]], label=f"F{j}.{k}")
+                fwd_start[(i, k)] = tid
+                prev_f[i] = tid
+        # Backward: ZeRO-3 gathers each block again; every block's gradient is reduce-scattered.
+        prev_b: list[int | None] = list(prev_f)
+        for k in reversed(range(n)):
+            pk = cost.param_bytes(k, k + 1)
+            ag = None
+            if pk and plan.zero_stage == 3 and k < n - 1:
+                ag = g.add("comm", "allgather", cost.allgather_s(pk * wbytes / 4, devs), list(prev_b),
+                           label=f"AGb{j}.{k}")
+            bids = []
+            for i, d in enumerate(devs):
+                dur = cost.bwd_s(d, k, k + 1, sizes[i], plan.precision)
+                dur += cost.recompute_s(d, k, k + 1, sizes[i], plan.precision, plan.checkpoint_blocks)
+                tid = g.add(f"dev{d}", "B", dur, [ag, prev_b[i]], label=f"B{j}.{k}")
+                bids.append(tid)
+                prev_b[i] = tid
+            if pk:
+                rs = g.add("comm", "reducescatter", cost.allgather_s(pk, devs), bids, label=f"RS{j}.{k}")
+                if j == plan.accum_steps - 1:
+                    last_rs.append(rs)
+    for d in devs:
+        count = cost.param_count() / shards
+        t = _host_opt_s(cost, d, count) if plan.offload else cost.opt_s(d, count)
+        if plan.offload:
+            t += _host_copy_s(cost, d, cost.param_bytes() / shards)  # sharded gradients to the host
+        g.add(f"dev{d}", "opt", t, list(last_rs), label="opt")
+    return g
+
+
+def _host_copy_s(cost: CostModel, dev: int, nbytes: float) -> float:
+    """Host<->device copy of nbytes.  On an emulated CPU device FSDP2's `.to(device)` of an offloaded
+    shard returns the same tensor (host and device memory are one), so nothing is copied."""
+    if cost.device(dev).backend == "emulated":
+        return 0.0
+    return cost.host_transfer_s(dev, nbytes)
+
+
+def _host_opt_s(cost: CostModel, dev: int, count: float) -> float:
+    """Optimizer step on the host.  An emulated device's host is this CPU at full speed, so the
+    device's throttle does not apply; other devices have no host profile (their own step time is used)."""
+    d = cost.device(dev)
+    if d.backend == "emulated":
+        return cost.opt_s(dev, count) * d.speed
+    return cost.opt_s(dev, count)
+
+
+# ----------------------------------------------------------------------------- real run
+
+
+def _optimizer_spec(workload):
+    """The workload's optimizer as (class, constructor kwargs), for ZeroRedundancyOptimizer."""
+    import torch
+
+    probe = workload.make_optimizer([torch.nn.Parameter(torch.zeros(1))])
+    cls = type(probe)
+    accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "params"}
+    return cls, {k: v for k, v in probe.defaults.items() if k in accepted}
+
+
+class _DataParallelBase:
+    """Batch slicing, loss scaling and the micro-step loop shared by both executors."""
+
+    def __init__(self, plan: ZeROPlan, ctx: WorkerContext):
+        import torch
+
+        self.plan, self.ctx = plan, ctx
+        x, y = ctx.workload.make_batch(plan.global_batch, ctx.seed)
+        lo = sum(plan.local_batch[: ctx.rank])
+        hi = lo + plan.local_batch[ctx.rank]
+        sizes = micro_sizes(hi - lo, plan.accum_steps)
+        self.micro = [(a.to(ctx.device), b.to(ctx.device)) for a, b in zip(torch.split(x[lo:hi], sizes),
+                                                                         torch.split(y[lo:hi], sizes))]
+        # DDP and FSDP average over ranks: scaling each rank's loss sum by world/global gives the
+        # full-batch mean gradient whatever the split (FACTS: FSDP averages like DDP).
+        self.scale = ctx.world_size / plan.global_batch
+        self.scaler = None
+
+    def _build_model(self):
+        from ._common import apply_checkpointing
+
+        model = self.ctx.workload.model().to(self.ctx.device)
+        if self.ctx.emulator is not None:
+            self.ctx.emulator.attach(model.children())
+        apply_checkpointing(model, self.plan.checkpoint_blocks)
+        return model
+
+    def _micro_step(self, module, x, y) -> float:
+        out = module(x)
+        loss = self.ctx.workload.loss_sum(out.float(), y) * self.scale
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+        return float(loss.detach())
+
+    def step(self) -> float:
+        loss = self._forward_backward()
+        if self.scaler:
+            self.scaler.step(self.stepper)
+            self.scaler.update()
+        else:
+            self.stepper.step()
+        # Gradients stay allocated between steps (as ddp's): the measured peak holds them throughout.
+        self.stepper.zero_grad(set_to_none=False)
+        return loss
+
+    def compute_grads(self):
+        from ._common import full_grads
+
+        self.stepper.zero_grad(set_to_none=True)
+        self._forward_backward()
+        return full_grads(self.model)
+
+
+class ZeRO1Executor(_DataParallelBase):
+    def __init__(self, plan: ZeROPlan, ctx: WorkerContext):
+        import torch
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        from torch.nn.parallel import DistributedDataParallel
+
+        super().__init__(plan, ctx)
+        self.model = self._build_model()
+        kw = {"device_ids": [ctx.device.index]} if ctx.device.type == "cuda" else {}
+        self.ddp = DistributedDataParallel(self.model, gradient_as_bucket_view=True, **kw)
+        cls, opt_kw = _optimizer_spec(ctx.workload)
+        self.stepper = ZeroRedundancyOptimizer(self.ddp.parameters(), optimizer_class=cls, **opt_kw)
+        # The local optimizer holds this rank's state (ZeroRedundancyOptimizer's own `state` is empty):
+        # it is what memory tracking must see.
+        self.opt = self.stepper.optim
+        if ctx.emulator is not None:
+            ctx.emulator.wrap_optimizer(self.opt)  # the local step only; the broadcast is communication
+        if plan.precision == "fp16":
+            self.scaler = torch.amp.GradScaler("cuda")  # gradients are replicated: every rank sees the same inf
+
+    def _forward_backward(self) -> float:
+        import contextlib
+
+        from ._common import autocast
+
+        total = 0.0
+        for j, (x, y) in enumerate(self.micro):
+            sync = j == len(self.micro) - 1
+            with contextlib.nullcontext() if sync else self.ddp.no_sync():
+                with autocast(self.ctx.device, self.plan.precision):
+                    total += self._micro_step(self.ddp, x, y)
+        return total
+
+
+class FSDPExecutor(_DataParallelBase):
+    def __init__(self, plan: ZeROPlan, ctx: WorkerContext):
+        import torch
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+        super().__init__(plan, ctx)
+        model = self._build_model()
+        kw = {"mesh": init_device_mesh(ctx.device.type, (ctx.world_size,)),
+              "reshard_after_forward": plan.zero_stage == 3}
+        if plan.offload:
+            # Pinned host memory needs a CUDA driver (FACTS); on CPU the shard is already host memory.
+            kw["offload_policy"] = CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda")
+        if plan.precision in ("bf16", "fp16"):
+            low = torch.bfloat16 if plan.precision == "bf16" else torch.float16
+            kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
+        # Activation checkpointing wraps blocks before sharding (the wrapper is what gets sharded);
+        # every block is its own all-gather / reduce-scatter unit, the root holds the rest.
+        for block in model.children():
+            fully_shard(block, **kw)
+        fully_shard(model, **kw)
+        self.model = model
+        self.opt = self.stepper = ctx.workload.make_optimizer(model.parameters())
+        if ctx.emulator is not None and not plan.offload:
+            # With offload the optimizer steps on the host CPU, which the emulation does not throttle.
+            ctx.emulator.wrap_optimizer(self.opt)
+        if plan.precision == "fp16":
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            self.scaler = ShardedGradScaler()  # all-reduces found-inf across the shards
+
+    def _forward_backward(self) -> float:
+        # MixedPrecisionPolicy casts parameters and inputs; no autocast (FSDP's own mechanism).
+        return sum(self._micro_step(self.model, x, y) for x, y in self.micro)
+
+    def measure_memory(self, fn) -> MemoryBreakdown:
+        """Peak of one step; with offload, the sharded state is host memory (on a CPU device it is
+        the same memory, so it is taken out of the device's categories by its known size)."""
+        import dataclasses
+
+        from hetsim.memtrack import measure_step
+
+        mem = measure_step(fn, self.model, self.opt, self.ctx.device)
+        if not self.plan.offload:
+            return mem
+        params, grads, optim = self._host_state_bytes()
+        if self.ctx.device.type == "cuda":  # the allocator never saw host tensors
+            return dataclasses.replace(mem, host_bytes=params + grads + optim)
+        return dataclasses.replace(
+            mem,
+            params_bytes=max(0, mem.params_bytes - params),
+            grads_bytes=max(0, mem.grads_bytes - grads),
+            optim_bytes=max(0, mem.optim_bytes - optim),
+            host_bytes=params + grads + optim,
+        )
+
+    def _host_state_bytes(self) -> tuple[int, int, int]:
+        """Bytes of the sharded parameters, their gradients and the optimizer state (distinct storages)."""
+        import torch
+
+        def nbytes(tensors) -> int:
+            seen = {}
+            for t in tensors:
+                t = t.to_local() if hasattr(t, "to_local") else t
+                st = t.untyped_storage()
+                seen[st.data_ptr()] = st.nbytes()
+            return sum(seen.values())
+
+        params = list(self.model.parameters())
+        grads = [p.grad for p in params if p.grad is not None]
+        states = [v for s in self.opt.state.values() for v in s.values()
+                  if isinstance(v, torch.Tensor)]
+        return nbytes(params), nbytes(grads), nbytes(states)

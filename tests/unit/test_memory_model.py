@@ -1,0 +1,177 @@
+"""The memory model of the data-parallel families: closed-form model state, sharding, offload."""
+
+from __future__ import annotations
+
+import pytest
+from hetsim.strategies.base import SearchContext
+from hetsim.strategies.zero import ZeRO, ZeROPlan
+
+from hetsim.costmodel import CostModel
+from hetsim.errors import InfeasiblePlanError
+from hetsim.memory import (
+    FP32_MASTER,
+    LOW_PRECISION_MASTER,
+    Sharding,
+    data_parallel_memory,
+    model_state_bytes,
+    zero1_owned_counts,
+)
+
+COUNT = 1_000_000
+N = 4
+
+
+def per_param(m) -> tuple[float, float, float, float]:
+    return (m.params_bytes / COUNT, m.grads_bytes / COUNT, m.optim_bytes / COUNT, m.host_bytes / COUNT)
+
+
+@pytest.mark.parametrize(
+    "stage, expected",
+    [
+        (0, (2, 2, 12, 0)),
+        (1, (2, 2, 12 / N, 0)),
+        (2, (2, 2 / N, 12 / N, 0)),
+        (3, (2 / N, 2 / N, 12 / N, 0)),
+    ],
+)
+def test_mixed_precision_adam_zero_paper_layout(stage, expected):
+    # 2-byte params and grads, fp32 master + 2 Adam moments in the optimizer: 2 + 2 + 12 bytes.
+    m = model_state_bytes(COUNT, optim_states=2, layout=LOW_PRECISION_MASTER, sharding=Sharding.zero_stage(stage, N))
+    assert per_param(m) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "sharding, expected",
+    [
+        (Sharding(), (4, 4, 8, 0)),
+        (Sharding.zero_stage(1, N), (4, 4, 8 / N, 0)),  # DDP + ZeroRedundancyOptimizer
+        (Sharding.fsdp(N), (4 / N, 4 / N, 8 / N, 0)),  # FSDP2, hetsim's ZeRO-2 and ZeRO-3 at rest
+        (Sharding.fsdp(N, offload=True), (0, 0, 0, 16 / N)),  # CPUOffloadPolicy: all of it on the host
+    ],
+)
+def test_executor_layout_adam(sharding, expected):
+    # What hetsim's executors hold at any precision: fp32 params are the master copy.
+    m = model_state_bytes(COUNT, optim_states=2, layout=FP32_MASTER, sharding=sharding)
+    assert per_param(m) == pytest.approx(expected)
+
+
+def test_sgd_momentum_has_one_state():
+    m = model_state_bytes(COUNT, optim_states=1, sharding=Sharding.zero_stage(1, N))
+    assert per_param(m) == pytest.approx((4, 4, 4 / N, 0))
+
+
+def test_mixed_precision_totals_agree_when_fully_sharded():
+    paper = model_state_bytes(COUNT, optim_states=2, layout=LOW_PRECISION_MASTER, sharding=Sharding.zero_stage(3, N))
+    ours = model_state_bytes(COUNT, optim_states=2, layout=FP32_MASTER, sharding=Sharding.fsdp(N))
+    assert paper.total_bytes == ours.total_bytes == 16 * COUNT // N
+
+
+def test_zero1_partition_is_greedy_over_whole_parameters(make_cost):
+    cost = make_cost()
+    owned = zero1_owned_counts(cost, 2)
+    assert sum(owned) == cost.param_count()
+    largest = max(n for b in cost.ref.blocks for n in b.param_numels)
+    assert abs(owned[0] - owned[1]) <= largest
+
+
+@pytest.mark.parametrize("optimizer, states", [("adamw", 2), ("sgd", 1)])
+def test_family_memory_uses_the_closed_forms(make_cost, optimizer, states):
+    cost = make_cost(optimizer=optimizer)
+    count, buffers = cost.param_count(), cost.buffer_bytes()
+    ddp = data_parallel_memory(cost, 0, 4, "fp32", 0)
+    assert (ddp.params_bytes, ddp.grads_bytes, ddp.optim_bytes) == (4 * count + buffers, 4 * count, 4 * states * count)
+    owned = zero1_owned_counts(cost, 2)
+    for r in range(2):
+        z1 = data_parallel_memory(cost, r, 4, "fp32", 0, shards=2, zero_stage=1, rank=r)
+        assert z1.optim_bytes == 4 * states * owned[r]
+        assert z1.grads_bytes == 4 * count
+    for stage in (2, 3):
+        z = data_parallel_memory(cost, 0, 4, "fp32", 0, shards=2, zero_stage=stage)
+        assert z.params_bytes == pytest.approx(4 * count / 2 + buffers, abs=1)
+        assert z.grads_bytes == pytest.approx(4 * count / 2, abs=1)
+        assert z.optim_bytes == pytest.approx(4 * states * count / 2, abs=1)
+        off = data_parallel_memory(cost, 0, 4, "fp32", 0, shards=2, zero_stage=stage, offload=True)
+        assert off.host_bytes == pytest.approx((8 + 4 * states) * count / 2, abs=3)
+        assert (off.params_bytes, off.grads_bytes, off.optim_bytes) == (buffers, 0, 0)
+        # Offload moves state, not the working set: activations and gathered blocks stay on the device.
+        assert off.activations_bytes + off.other_bytes == z.activations_bytes + z.other_bytes
+
+
+def test_working_set_orders(make_cost):
+    cost = make_cost()
+
+    def total(**kw):
+        return data_parallel_memory(cost, 0, 4, kw.pop("precision", "fp32"), kw.pop("ckpt", 0), shards=2, **kw).total_bytes
+
+    # (ZeRO-3 is not always below ZeRO-2: on a tiny model its re-gathering outweighs the saving.)
+    for stage in (1, 2, 3):
+        assert total(zero_stage=stage) < total(zero_stage=0)
+    assert total(zero_stage=3, offload=True) < total(zero_stage=3)
+    assert total(zero_stage=3, ckpt=cost.facts.n_blocks) < total(zero_stage=3)
+    # bf16 keeps fp32 state (the master copy) but gathers 2-byte parameters.
+    bf = data_parallel_memory(cost, 0, 4, "bf16", 0, shards=2, zero_stage=3)
+    fp = data_parallel_memory(cost, 0, 4, "fp32", 0, shards=2, zero_stage=3)
+    assert (bf.params_bytes, bf.grads_bytes, bf.optim_bytes) == (fp.params_bytes, fp.grads_bytes, fp.optim_bytes)
+
+
+def test_memory_grows_with_the_micro_batch(make_cost):
+    cost = make_cost()
+    for stage in (0, 1, 2, 3):
+        sizes = [data_parallel_memory(cost, 0, mb, "fp32", 0, shards=2, zero_stage=stage).total_bytes
+                 for mb in (1, 2, 4, 8, 16)]
+        assert sizes == sorted(sizes)
+
+
+def test_profile_has_a_memory_calibration(make_cost):
+    cal = make_cost().ref.memory
+    assert cal is not None and "fp32" in cal.saved_bytes and "fp32" in cal.temp_bytes
+
+
+# ----------------------------------------------------------------------------- the zero family
+
+
+def test_examples_cover_every_stage_and_offload(make_cost):
+    plans = ZeRO().examples(SearchContext(cost=make_cost(), global_batch=8))
+    assert {p.zero_stage for p in plans} == {1, 2, 3}
+    assert any(p.offload for p in plans)
+
+
+def test_label():
+    plan = ZeROPlan(devices=(0, 1), local_batch=(5, 3), zero_stage=3, offload=True, precision="bf16")
+    assert ZeRO().label(plan) == "zero3 offload 5/3 on dev 0,1 bf16"
+
+
+def test_validate_refuses_what_cannot_run(make_cost):
+    cost = make_cost()
+    with pytest.raises(InfeasiblePlanError, match="offload needs zero_stage 2 or 3"):
+        ZeRO().validate(ZeROPlan(devices=(0, 1), local_batch=(4, 4), zero_stage=1, offload=True), cost)
+    with pytest.raises(InfeasiblePlanError, match="fp16"):
+        ZeRO().validate(ZeROPlan(devices=(0, 1), local_batch=(4, 4), precision="fp16"), cost)
+
+
+def test_space_solves_the_split_with_the_sharded_memory(make_cost):
+    optuna = pytest.importorskip("optuna")
+    cost = make_cost()
+    ctx = SearchContext(cost=cost, global_batch=12)
+    trial = optuna.trial.FixedTrial({"use_dev0": True, "use_dev1": True, "precision": "fp32", "checkpoint_blocks": 0,
+                                     "zero_stage": 3, "offload": True, "accum_steps": 1})
+    plan = ZeRO().space(trial, ctx)
+    assert plan.zero_stage == 3 and plan.offload and sum(plan.local_batch) == 12
+    assert plan.local_batch[0] > plan.local_batch[1]  # device 0 is twice as fast
+    pred, _, _ = ZeRO().predict(plan, cost)
+    assert pred.feasible and all(m.host_bytes > 0 for m in pred.memory)
+
+
+def test_batchnorm_small_batches_warn(gn_profile):
+    from hetsim.cluster import parse_cluster
+    from hetsim.profiles import ProfileSet
+    from tests.conftest import synthetic_comm
+
+    _, model, dev = gn_profile
+    ps = ProfileSet(models={"emu-cpu": model}, devices={"emu-cpu": dev}, comm={2: synthetic_comm(2)})
+    bn = CostModel(parse_cluster("emu:1.0@4G,0.5@4G"), ps, has_batchnorm=True)
+    small = ZeROPlan(devices=(0, 1), local_batch=(5, 3))
+    pred, _, _ = ZeRO().predict(small, bn)
+    assert pred.feasible and pred.warnings and "device 1: 3" in pred.warnings[0]
+    big = ZeROPlan(devices=(0, 1), local_batch=(16, 8))
+    assert ZeRO().predict(big, bn)[0].warnings == ()
