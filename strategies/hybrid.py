@@ -3,9 +3,10 @@
 R replicas x P pipeline ranks: devices[i * P + r] is replica i's pipeline rank r.  Every
 replica cuts the model at the same stage boundaries (a stage's gradients are all-reduced
 across its replicas, so they must hold the same parameters); replicas get uneven batches
-when they differ in speed.  Real runs wrap each stage module in DistributedDataParallel
-over the process group of the ranks holding that stage (torch's pipelining drives
-DDP's no_sync and the final reduction).
+when they differ in speed.  Real runs: each replica is a torch.distributed.pipelining
+pipeline on its own process group; after the schedule's step each rank all-reduces its
+stages' gradients over the group of ranks holding the same stages (see _pipeline_run for
+why not DDP).
 
 Inner choices are solved, not sampled: for a batch split, the boundaries by the exact DP
 of `_pipeline_sched.solve_boundaries` (each stage timed on its slowest replica); for
@@ -26,7 +27,6 @@ from hetsim.types import MemoryBreakdown
 
 from . import register
 from ._pipeline_sched import (
-    ZERO_BUBBLE,
     Lane,
     add_pipeline,
     available_schedules,
@@ -54,11 +54,6 @@ from .pipeline import (
 if TYPE_CHECKING:
     from hetsim.costmodel import CostModel
 
-HYBRID_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS")
-"""Zero-bubble schedules are left out: their weight gradients come after the backward that
-DDP's reduction is prepared on."""
-
-
 @dataclass(frozen=True, kw_only=True)
 class HybridPlan(Plan):
     strategy: str = "hybrid"
@@ -67,7 +62,7 @@ class HybridPlan(Plan):
     boundaries: tuple[int, ...]
     """Stage s runs blocks boundaries[s] .. boundaries[s+1]-1, the same in every replica."""
     schedule: str = "1F1B"
-    """'GPipe', '1F1B', 'Interleaved1F1B' or 'LoopedBFS'."""
+    """Any of the pipeline family's schedules ('GPipe', '1F1B', 'Interleaved1F1B', 'ZBVZeroBubble', ...)."""
     microbatches: int = 1
     """Micro-batches per replica per step; divides every replica's batch."""
     replica_batch: tuple[int, ...]
@@ -167,8 +162,8 @@ class Hybrid(Strategy):
                 f"{n} devices do not make >= 2 replicas of a >= 2-rank pipeline with {P} ranks "
                 "(one replica is `pipeline`, one rank is `ddp`)"
             )
-        schedules = [s for s in ctx.extra.get("pipeline_schedules", available_schedules()) if s in HYBRID_SCHEDULES]
-        schedule = trial.suggest_categorical("hybrid_schedule", schedules)
+        schedule = trial.suggest_categorical("schedule", list(ctx.extra.get("pipeline_schedules",
+                                                                             available_schedules())))
         v = choose_stages_per_rank(trial, schedule)
         m = trial.suggest_categorical("microbatches", micro_choices(ctx, min_micro(ctx)) or [1])
         precision, ckpt = choose_common(trial, ctx, devices)
@@ -228,7 +223,7 @@ class Hybrid(Strategy):
                                   microbatches=m, global_batch=gb, min_micro_size=min_micro(ctx)))
         if n >= 2:
             # Degenerate shapes that still run every piece on two ranks: replicas of a one-stage
-            # pipeline (DDP over the stage group, uneven batch), and one replica of a two-stage
+            # pipeline (gradient all-reduce over the stage group, uneven batch), and one replica of a two-stage
             # pipeline (pipeline groups, per-stage groups of one).
             m = 2 if gb % 2 == 0 and gb // 2 >= 2 * min_micro(ctx) else 1
             out.append(self.solve(cost, devs[:2], replicas=2, schedule="GPipe", microbatches=m, global_batch=gb,
@@ -251,11 +246,6 @@ class Hybrid(Strategy):
         if len(plan.replica_batch) != plan.replicas:
             raise InfeasiblePlanError(
                 f"hybrid plan has {len(plan.replica_batch)} replica batches for replicas({plan.replicas}); give one each"
-            )
-        if plan.schedule in ZERO_BUBBLE:
-            raise InfeasiblePlanError(
-                f"schedule {plan.schedule} is not offered with replicas (DDP reduces on the full backward); "
-                f"use one of {', '.join(HYBRID_SCHEDULES)}"
             )
         if cost.facts.batch_coupled and plan.replicas > 1:
             raise InfeasiblePlanError(
@@ -281,16 +271,16 @@ class Hybrid(Strategy):
                               tag=f"r{i}:" if R > 1 else "")
                  for i in range(R)]
         for r in range(P):
+            # Each rank all-reduces its stages' gradients (one flat tensor) after its last action.
             group = tuple(plan.replica_devices(i)[r] for i in range(R))
+            mine = rank_stages(plan.schedule, P, plan.stages_per_rank, r)
+            count = sum(cost.param_count(plan.boundaries[s], plan.boundaries[s + 1]) for s in mine)
             reduced = []
-            for s in rank_stages(plan.schedule, P, plan.stages_per_rank, r):
-                nbytes = cost.param_bytes(plan.boundaries[s], plan.boundaries[s + 1])
-                if R > 1:
-                    deps = [tasks[i].last_grad[s] for i in range(R)]
-                    reduced.append(g.add(f"dp{r}", "allreduce", cost.allreduce_s(nbytes, group), deps,
-                                         label=f"allreduce stage {s}"))
-            count = sum(cost.param_count(plan.boundaries[s], plan.boundaries[s + 1])
-                        for s in rank_stages(plan.schedule, P, plan.stages_per_rank, r))
+            if R > 1:
+                nbytes = sum(cost.param_bytes(plan.boundaries[s], plan.boundaries[s + 1]) for s in mine)
+                reduced.append(g.add(f"dp{r}", "allreduce", cost.allreduce_s(nbytes, group),
+                                     [tasks[i].last[r] for i in range(R)],
+                                     label=f"allreduce stages {','.join(map(str, mine))}"))
             for i in range(R):
                 d = plan.replica_devices(i)[r]
                 g.add(f"dev{d}", "opt", cost.opt_s(d, count), [tasks[i].last[r], *reduced], label="opt")
