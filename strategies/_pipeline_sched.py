@@ -332,20 +332,37 @@ def min_sum_plus_max(n_stages: int, n_blocks: int, elem: Elem, weight: float) ->
                 if e is not None:
                     table[(s, lo, hi)] = e
 
+    # rows[s][lo]: the feasible (hi, a, peak) of stage s starting at block lo.
+    rows: list[dict[int, list[tuple[int, float, float]]]] = [{} for _ in range(n_stages)]
+    for (s, lo, hi), (a, peak) in sorted(table.items()):
+        rows[s].setdefault(lo, []).append((hi, a, peak))
+
     def chain(bound: float) -> tuple[float, tuple[int, ...]] | None:
         best = {0: (0.0, (0,))}  # after stage s-1: end block -> (sum, boundaries)
         for s in range(n_stages):
             nxt: dict[int, tuple[float, tuple[int, ...]]] = {}
             for lo, (acc, bounds) in best.items():
-                for hi in range(lo + 1, n_blocks + 1):
-                    e = table.get((s, lo, hi))
-                    if e is None or e[1] > bound:
+                for hi, a, peak in rows[s].get(lo, ()):
+                    if peak > bound:
                         continue
-                    cand = (acc + e[0], bounds + (hi,))
-                    if hi not in nxt or cand[0] < nxt[hi][0]:
-                        nxt[hi] = cand
+                    cand = acc + a
+                    if hi not in nxt or cand < nxt[hi][0]:
+                        nxt[hi] = (cand, bounds + (hi,))
             best = nxt
         return best.get(n_blocks)
+
+    def least_bottleneck() -> float:
+        """The smallest achievable max(peak) (a min-max chain DP): no smaller bound is feasible."""
+        best = {0: 0.0}
+        for s in range(n_stages):
+            nxt: dict[int, float] = {}
+            for lo, worst in best.items():
+                for hi, _, peak in rows[s].get(lo, ()):
+                    w = max(worst, peak)
+                    if hi not in nxt or w < nxt[hi]:
+                        nxt[hi] = w
+            best = nxt
+        return best.get(n_blocks, math.inf)
 
     free = chain(math.inf)
     if free is None:
@@ -357,7 +374,8 @@ def min_sum_plus_max(n_stages: int, n_blocks: int, elem: Elem, weight: float) ->
         return free[0], free[1]
     floor_sum = free[0]
     best_val, best_bounds = math.inf, free[1]
-    for bound in sorted({e[1] for e in table.values()}):
+    lowest = least_bottleneck()
+    for bound in sorted({e[1] for e in table.values() if e[1] >= lowest}):
         if floor_sum + weight * bound >= best_val:
             break
         got = chain(bound)
