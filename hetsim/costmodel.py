@@ -111,7 +111,9 @@ class CostModel:
         if prof.calib_residual_s is not None:
             r = prof.calib_residual_s
             extra = r.intercept + r.slope * mb
-        return max(0.0, (prof.step_overhead_s + extra) * mult)
+        # The emulator throttles blocks and the optimizer only: this part runs at full speed there.
+        scale = 1.0 if self.device(dev).backend == "emulated" else mult
+        return max(0.0, (prof.step_overhead_s + extra) * scale)
 
     def opt_s(self, dev: int, param_count: float) -> float:
         prof, mult = self._scale[dev]
