@@ -1,0 +1,76 @@
+"""Accuracy gate: the recorded predicted-vs-measured pairs of the fidelity suite must stay in bounds.
+
+results/bench/fidelity.json is written by `nox -s bench` (real runs on the default emulated
+cluster) and committed.  These tests only read it:
+
+1. the recorded pairs: step-time MAPE <= hetsim.golden.STEP_TIME_MAPE_MAX (and the summary figures
+   are the ones the pairs give);
+2. the current cost model replayed on the recorded measurements: every recorded plan predicted
+   again from the recorded profiles it was measured with, against the recorded measurement. A cost
+   model change that makes predictions worse fails here without running anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from hetsim import golden, strategies
+
+FIDELITY = golden.RESULTS / "bench" / "fidelity.json"
+
+
+@pytest.fixture(scope="module")
+def fidelity() -> dict:
+    if not FIDELITY.exists():
+        pytest.skip(f"{FIDELITY} is not recorded yet: run `nox -s bench` on a quiet machine and commit it")
+    return json.loads(FIDELITY.read_text())
+
+
+def test_recorded_pairs_within_bound(fidelity):
+    records = fidelity["plans"]
+    acc = golden.accuracy_of(records)
+    assert acc.n_plans == fidelity["n_plans"] >= 20, "the fidelity suite has fewer than 20 executed plans"
+    for key in ("step_time_mape", "step_time_max_err", "peak_mem_mape", "kendall_tau"):
+        assert getattr(acc, key) == pytest.approx(fidelity[key], rel=1e-9), f"{key} does not follow from the pairs"
+    failed = [r["label"] for r in records if r["status"] != "ok"]
+    assert not failed, f"plans of the recorded suite that did not run: {failed}"
+    assert acc.step_time_mape <= golden.STEP_TIME_MAPE_MAX, (
+        f"recorded step-time MAPE {acc.step_time_mape:.3f} > {golden.STEP_TIME_MAPE_MAX} over {acc.n_plans} plans"
+    )
+
+
+def test_current_cost_model_on_recorded_measurements(fidelity):
+    from hetsim.cluster import parse_cluster
+    from hetsim.costmodel import CostModel
+    from hetsim.workloads import workload_from_spec
+
+    now = golden.profile_digests(golden.RESULTS, fidelity["model"])
+    if now != fidelity["profiles"]:
+        pytest.skip("results/profiles/ changed since the fidelity run (the recorded measurements belong to "
+                    "the old profiles); rerun `nox -s bench`")
+    wl = workload_from_spec(fidelity["model"], fidelity["optimizer"])
+    cluster = dataclasses.replace(parse_cluster(fidelity["cluster"]), host_memory_bytes=golden.HOST_MEMORY_BYTES)
+    cost = CostModel(cluster, golden.recorded_profiles(golden.RESULTS, fidelity["model"]), wl.optimizer,
+                     has_batchnorm=wl.has_batchnorm, batch_coupled=wl.batch_coupled)
+    replayed = []
+    for r in fidelity["plans"]:
+        if r["status"] != "ok":
+            continue
+        plan = strategies.plan_from_dict(r["plan"])
+        pred, _, _ = strategies.get(plan.strategy).predict(plan, cost)
+        replayed.append(dict(r, pred_step_time_s=pred.step_time_s, pred_peak_mem_bytes=list(pred.peak_mem_bytes)))
+    acc = golden.accuracy_of(replayed)
+    worst = sorted(replayed, key=lambda r: -abs(golden.rel_err(r["pred_step_time_s"], r["meas_step_time_s"])))[:3]
+    detail = "; ".join(f"{r['label']}: {golden.rel_err(r['pred_step_time_s'], r['meas_step_time_s']):+.1%}"
+                       for r in worst)
+    assert acc.step_time_mape <= golden.STEP_TIME_MAPE_MAX, (
+        f"the current cost model's step-time MAPE on the recorded runs is {acc.step_time_mape:.3f} "
+        f"> {golden.STEP_TIME_MAPE_MAX} (worst: {detail})"
+    )
+    assert acc.peak_mem_mape <= golden.PEAK_MEM_MAPE_MAX, (
+        f"the current cost model's peak-memory MAPE on the recorded runs is {acc.peak_mem_mape:.3f} "
+        f"> {golden.PEAK_MEM_MAPE_MAX}"
+    )
