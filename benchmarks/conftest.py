@@ -1,0 +1,54 @@
+"""What every benchmark shares: the workload, the machine's default emulated cluster, its profiles.
+
+The profiles are obtained exactly as the CLI does (hetsim.calibrate.obtain_profiles) with
+root=results/, so they are recorded under results/profiles/ on the first run and reused while
+their fingerprint matches; those files are what the regression tests replay.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from bench_config import GLOBAL_BATCH, IMAGE_SIZE, MODEL, PRECISIONS, RESULTS
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_thread():
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # what the runner gives each worker process
+
+
+@pytest.fixture(scope="session")
+def workload():
+    from hetsim.workloads import load_workload
+
+    return load_workload(MODEL, IMAGE_SIZE)
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    from hetsim.cluster import DEFAULT_EMULATED, parse_cluster
+
+    return parse_cluster(DEFAULT_EMULATED)
+
+
+@pytest.fixture(scope="session")
+def profiles(cluster, workload):
+    from hetsim.calibrate import obtain_profiles
+
+    return obtain_profiles(cluster, workload, root=RESULTS, global_batch=GLOBAL_BATCH, precisions=PRECISIONS)
+
+
+@pytest.fixture(scope="session")
+def cost(cluster, workload, profiles):
+    from hetsim.costmodel import CostModel
+
+    return CostModel(cluster, profiles, workload.optimizer, has_batchnorm=workload.has_batchnorm,
+                     batch_coupled=workload.batch_coupled)
+
+
+@pytest.fixture(scope="session")
+def ctx(cost):
+    from hetsim.strategies.base import SearchContext
+
+    return SearchContext(cost=cost, global_batch=GLOBAL_BATCH, precisions=PRECISIONS)
