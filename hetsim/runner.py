@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,8 +45,16 @@ class Launch:
             if self.node_rank is not None:
                 a += ["--node-rank", str(self.node_rank)]
         else:
-            a = ["--standalone"] + a  # localhost rendezvous on a free port: nothing listens off-host
+            # One node on the loopback interface: port 0 lets the store pick a free port without a race,
+            # hetsim.launcher binds it to 127.0.0.1, and the workers reach it at --local-addr.
+            a += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--rdzv-id", f"hetsim-{uuid.uuid4().hex[:12]}",
+                  "--local-addr", "127.0.0.1"]
         return a
+
+    @property
+    def local(self) -> bool:
+        """True when nothing but this machine takes part (no user rendezvous endpoint)."""
+        return not self.rdzv_endpoint
 
 
 def _project_root() -> str:
@@ -52,60 +63,120 @@ def _project_root() -> str:
 
 def launch(job: Job, nproc: int, timeout_s: float, launch_cfg: Launch | None = None) -> tuple[list[RankResult], str, bool]:
     """Run the job on nproc ranks; returns (rank results, output tail, timed_out)."""
+    cfg = launch_cfg or Launch()
     out_dir = Path(job.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for f in out_dir.glob("rank*.json"):
         f.unlink()
     job_file = out_dir / "job.json"
     dump_json(job, job_file)
-    cmd = [sys.executable, "-m", "torch.distributed.run", *(launch_cfg or Launch()).args(nproc),
-           "-m", "hetsim.worker", str(job_file)]
+    cmd = [sys.executable, "-m", "hetsim.launcher", *cfg.args(nproc), "-m", "hetsim.worker", str(job_file)]
     env = dict(os.environ)
     env["PYTHONPATH"] = _project_root() + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"
+    if cfg.local:
+        _loopback_only(env)
     log_path = out_dir / "torchrun.log"
     timed_out = False
+    cut = None  # on a timeout: the log's size when the time ran out
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
-        except KeyboardInterrupt:
-            _kill_group(proc)
-            raise
-        finally:
-            _kill_group(proc)
+            log.flush()
+            cut = log_path.stat().st_size
+        finally:  # also on Ctrl-C: nothing of this run outlives it
+            stop_run(proc, str(job_file))
     results = []
     for r in range(nproc):
         f = out_dir / f"rank{r}.json"
         if f.exists():
             try:
                 results.append(from_dict(RankResult, json.loads(f.read_text())))
-            except (json.JSONDecodeError, KeyError, TypeError):
-                pass
-    tail = log_path.read_text(errors="replace")[-3000:] if log_path.exists() else ""
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                pass  # a rank killed while writing: treated as a rank without a result
+    text = log_path.read_bytes()[:cut].decode(errors="replace") if log_path.exists() else ""
+    tail = text[-4000:]
     return results, tail, timed_out
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Terminate torchrun and every worker it started (they share its session)."""
-    if proc.poll() is None:
+def _loopback_only(env: dict[str, str]) -> None:
+    """Keep gloo's and NCCL's own sockets on the loopback interface for a one-machine run."""
+    try:
+        names = {name for _, name in socket.if_nameindex()}
+    except (OSError, AttributeError):
+        return
+    if "lo" in names:
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+
+
+def _descendants(pid: int) -> list:
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _marked(marker: str) -> list:
+    """Processes whose command line names this run's job file: torchrun and its workers, also
+    a worker whose torchrun already died (it has been re-parented)."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if p.pid != os.getpid() and marker in (p.info.get("cmdline") or ()):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def stop_run(proc: subprocess.Popen, marker: str, grace_s: float = 15.0) -> None:
+    """Stop torchrun and every worker of its run.
+
+    torchrun stops its workers when it gets SIGTERM, but it starts each worker in a
+    session of its own, so a signal to torchrun's process group does not reach them:
+    whatever is still alive after the grace period is killed by pid.
+    """
+    import psutil
+
+    procs = {}
+    was_running = proc.poll() is None
+    if was_running:  # before torchrun is reaped, its pid and its children's are still ours
+        procs.update((p.pid, p) for p in _descendants(proc.pid))
         try:
             os.killpg(proc.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # stragglers that ignored SIGTERM
-    except (ProcessLookupError, PermissionError):
-        pass
+    procs.update((p.pid, p) for p in _marked(marker))
+    left = []
+    for p in procs.values():
+        try:
+            if p.is_running():  # psutil also checks that the pid was not reused
+                p.kill()
+                left.append(p)
+        except psutil.Error:
+            pass
+    if was_running:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     if proc.poll() is None:
         proc.wait()
+    psutil.wait_procs(left, timeout=5)
 
 
 def device_dicts(cluster: Cluster, devices: tuple[int, ...]) -> tuple[dict, ...]:
@@ -123,35 +194,80 @@ def measure(plan, *, cluster: Cluster, workload_spec: str, optimizer: str, steps
     t0 = time.perf_counter()
     results, tail, timed_out = launch(job, len(plan.devices), timeout_s, launch_cfg)
     wall = time.perf_counter() - t0
+    n = len(plan.devices)
     by_rank = {r.rank: r for r in results}
-    bad = [r for r in results if r.status != "ok"]
-    if timed_out and not bad:
-        missing = [r for r in range(len(plan.devices)) if r not in by_rank]
+    if all(r in by_rank and by_rank[r].status == "ok" for r in range(n)):
+        step, meds = summarize_steps([by_rank[r] for r in range(n)])
+        mems = tuple(by_rank[r].memory for r in range(n))
+        return Measurement(status="ok", step_time_s=step, samples_per_s=plan.global_batch / step,
+                           peak_mem_bytes=tuple(m.total_bytes for m in mems), memory=mems, step_times_s=meds,
+                           wall_s=wall)
+    return _failure(by_rank, n, tail, timed_out, timeout_s, wall)
+
+
+# torchrun's failure summary: "rank : 1 (local_rank: 1)" then "exitcode : -9 (pid: 123)  (SIGKILL)".
+_TORCHRUN_FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank[^\n]*\n\s*exitcode\s*:\s*(-?\d+)[^\n]*")
+_ROOT_CAUSE = "Root Cause (first observed failure)"
+
+
+def _torchrun_root_cause(tail: str) -> tuple[int, int] | None:
+    """(rank, exit code) of the first failure torchrun observed, if its summary is in the log."""
+    at = tail.rfind(_ROOT_CAUSE)
+    m = _TORCHRUN_FAILURE.search(tail, at) if at >= 0 else None
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = "; the kernel's out-of-memory killer also sends it" if -code == signal.SIGKILL else ""
+        return f"was killed by signal {-code} ({name}{hint})"
+    return f"exited with code {code}"
+
+
+def _last_lines(text: str, n: int = 25, limit: int = 2500) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return "\n".join(lines[-n:])[-limit:]
+
+
+def _failure(by_rank: dict[int, RankResult], n: int, tail: str, timed_out: bool, timeout_s: float,
+             wall: float) -> Measurement:
+    """The status of a run that did not finish on every rank, and the failure that explains it.
+
+    A rank's own out-of-memory or non-finite loss explains the others' broken connections, so
+    those win; otherwise the failure torchrun observed first, then the earliest reported one.
+    """
+    failed = [r for r in by_rank.values() if r.status != "ok"]
+    missing = [r for r in range(n) if r not in by_rank]
+    if timed_out and not failed:
         return Measurement(status="timeout", wall_s=wall,
                            error=f"run exceeded the {timeout_s:g} s timeout (ranks without a result: {missing}); "
-                                 f"raise --timeout if the plan is just slow\n{tail[-1500:]}")
-    if bad:
-        # The first failing rank's own status wins (an OOM explains the others' broken pipes).
-        order = {"oom": 0, "nonfinite": 1, "error": 2}
-        first = min(bad, key=lambda r: (order.get(r.status, 3), r.rank))
-        mems = tuple(by_rank[r].memory for r in range(len(plan.devices)) if r in by_rank and by_rank[r].memory)
-        return Measurement(status=first.status, wall_s=wall, error=f"rank {first.rank}: {first.error}",
-                           memory=mems if len(mems) == len(plan.devices) else None)
-    if len(results) != len(plan.devices):
-        missing = [r for r in range(len(plan.devices)) if r not in by_rank]
+                                 f"a rank hangs, or the plan is just slow (then raise --timeout)\n"
+                                 f"{_last_lines(tail)}")
+    root = _torchrun_root_cause(tail)
+    first: RankResult | None = None
+    specific = [r for r in failed if r.status in ("oom", "nonfinite")]
+    if specific:
+        first = min(specific, key=lambda r: (r.failed_at_s or float("inf"), r.rank))
+    elif root is not None and root[0] in by_rank and by_rank[root[0]].status != "ok":
+        first = by_rank[root[0]]
+    elif root is not None and root[0] in missing:
+        others = "; ".join(f"rank {r.rank}: {(r.error or r.status).splitlines()[0]}" for r in failed)
+        return Measurement(status="error", wall_s=wall, failed_rank=root[0],
+                           error=f"rank {root[0]} {_exit_text(root[1])} before it wrote a result"
+                                 + (f" (then {others})" if others else "") + f"\n{_last_lines(tail)}")
+    elif failed:
+        first = min(failed, key=lambda r: (r.failed_at_s or float("inf"), r.rank))
+    if first is None:
         return Measurement(status="error", wall_s=wall,
-                           error=f"rank(s) {missing} ended without a result (killed by a signal?)\n{tail[-1500:]}")
-    step, meds = summarize_steps([by_rank[r] for r in range(len(plan.devices))])
-    mems = tuple(by_rank[r].memory for r in range(len(plan.devices)))
-    return Measurement(
-        status="ok",
-        step_time_s=step,
-        samples_per_s=plan.global_batch / step,
-        peak_mem_bytes=tuple(m.total_bytes for m in mems),
-        memory=mems,
-        step_times_s=meds,
-        wall_s=wall,
-    )
+                           error=f"rank(s) {missing} ended without a result (killed by a signal?)\n{_last_lines(tail)}")
+    mems = tuple(by_rank[r].memory for r in range(n) if r in by_rank and by_rank[r].memory)
+    return Measurement(status=first.status, wall_s=wall, error=f"rank {first.rank}: {first.error}",
+                       memory=mems if len(mems) == n else None, failed_rank=first.rank,
+                       failed_peak_bytes=first.memory.total_bytes if first.memory else None)
 
 
 def commbench(cluster: Cluster, nproc: int, fingerprint: dict[str, str], timeout_s: float = 300,

@@ -81,6 +81,10 @@ class Measurement:
     step_times_s: tuple[float, ...] = ()
     """Median step time of each rank."""
     wall_s: float = 0.0
+    failed_rank: int | None = None
+    """Plan rank whose failure ended the run (None: ok, a timeout, or unknown)."""
+    failed_peak_bytes: int | None = None
+    """That rank's measured peak bytes when it had measured one (an out-of-memory rank's accounting)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

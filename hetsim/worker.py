@@ -63,6 +63,8 @@ class RankResult:
     grad_rel_err: float | None = None
     grad_names: tuple[str, ...] = ()
     extra: dict = field(default_factory=dict)
+    failed_at_s: float | None = None
+    """Wall-clock time (time.time()) of the failure: the earliest one explains the others."""
 
 
 def _device_for(dev: dict, local_rank: int):
@@ -155,12 +157,12 @@ def run_job(job: Job) -> RankResult:
     if emulator is not None:
         emulator.enabled = True
     if job.fault is not None and job.fault.kind == "oom" and job.fault.rank == rank:
-        mem = MemoryBreakdown(other_bytes=int(dev["memory_bytes"]) + 1)
+        mem = MemoryBreakdown(other_bytes=int(dev["memory_bytes"]) + 2**20)  # 1 MiB over the cap
     if emulator is not None:
         try:
             emulator.check_memory(mem.total_bytes)
         except EmulatedOutOfMemoryError as e:
-            return RankResult(rank=rank, status="oom", memory=mem, error=str(e))
+            return RankResult(rank=rank, status="oom", memory=mem, error=str(e), failed_at_s=time.time())
     for i in range(2, job.warmup):
         checked_step(i)
     dist.barrier()
@@ -200,6 +202,9 @@ def classify(exc: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    from hetsim.launcher import die_with_parent
+
+    die_with_parent(signal.SIGKILL)  # a worker whose torchrun is gone has no one to report to
     job = from_dict(Job, json.loads(Path(argv[0]).read_text()))
     rank = int(os.environ.get("RANK", "0"))
     out = Path(job.out_dir) / f"rank{rank}.json"
@@ -207,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         res = run_job(job)
     except BaseException as e:  # every failure is reported as data, then the rank exits non-zero
         tail = "".join(traceback.format_exception(type(e), e, e.__traceback__))[-2000:]
-        res = RankResult(rank=rank, status=classify(e), error=f"{type(e).__name__}: {e}\n{tail}")
+        res = RankResult(rank=rank, status=classify(e), error=f"{type(e).__name__}: {e}\n{tail}",
+                         failed_at_s=time.time())
     dump_json(res, out)
     sys.stdout.flush()
     sys.stderr.flush()
