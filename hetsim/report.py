@@ -65,16 +65,55 @@ def mem_err_pct(row: Row) -> list[float] | None:
     return [100.0 * (p - q) / q for p, q in zip(row.predicted.peak_mem_bytes, m.peak_mem_bytes)]
 
 
+def oom_detail(row: Row) -> dict:
+    """A plan predicted to fit that ran out of memory: where, and by how many bytes the prediction was short.
+
+    The failing rank's measured peak is known when its accounting caught the overflow (emulated
+    devices); otherwise (a real CUDA out-of-memory) only a lower bound is: the device's capacity.
+    """
+    m = row.measured
+    p = row.predicted
+    rank = m.failed_rank if m is not None and m.failed_rank is not None and m.failed_rank < len(p.peak_mem_bytes) else None
+    devices = list(getattr(row.plan, "devices", range(len(p.peak_mem_bytes))))
+    out = {"label": row.label, "plan": to_dict(row.plan), "rank": rank,
+           "device": devices[rank] if rank is not None and rank < len(devices) else None,
+           "predicted_bytes": p.peak_mem_bytes[rank] if rank is not None else None,
+           "capacity_bytes": p.capacity_bytes[rank] if rank is not None and rank < len(p.capacity_bytes) else None,
+           "measured_bytes": m.failed_peak_bytes if m is not None else None,
+           "under_predicted_bytes": None, "at_least": False}
+    if rank is not None:
+        if out["measured_bytes"] is not None:
+            out["under_predicted_bytes"] = out["measured_bytes"] - out["predicted_bytes"]
+        elif out["capacity_bytes"] is not None:
+            out["under_predicted_bytes"] = out["capacity_bytes"] - out["predicted_bytes"]
+            out["at_least"] = True
+    return out
+
+
+def oom_text(d: dict) -> str:
+    if d["rank"] is None:
+        return f"{d['label']}: out of memory on an unknown rank (see its error below)"
+    under = d["under_predicted_bytes"]
+    amount = "?" if under is None else f"{'at least ' if d['at_least'] else ''}{under / 2**20:.1f} MiB ({under} bytes)"
+    measured = ("unknown (at least the capacity)" if d["measured_bytes"] is None
+                else f"{d['measured_bytes'] / 2**20:.1f} MiB")
+    return (f"{d['label']}: rank {d['rank']} (device {d['device']}) predicted {d['predicted_bytes'] / 2**20:.1f} MiB "
+            f"of {(d['capacity_bytes'] or 0) / 2**20:.1f} MiB, measured {measured}: under-predicted by {amount}")
+
+
 def accuracy(rows: list[Row]) -> dict:
     errs = [abs(e) for e in (err_pct(r) for r in rows) if e is not None]
     merrs = [abs(x) for r in rows for x in (mem_err_pct(r) or [])]
-    oom_fit = [r for r in rows if r.measured is not None and r.measured.status == "oom" and r.predicted.feasible]
+    executed = [r for r in rows if r.measured is not None]
+    oom_fit = [r for r in executed if r.measured.status == "oom" and r.predicted.feasible]
     return {
+        "executed": len(executed),
         "executed_ok": len(errs),
         "step_time_mape": sum(errs) / len(errs) / 100 if errs else None,
         "step_time_max_err": max(errs) / 100 if errs else None,
         "peak_mem_mape": sum(merrs) / len(merrs) / 100 if merrs else None,
         "oom_predicted_to_fit": len(oom_fit),
+        "oom_predicted_to_fit_plans": [oom_detail(r) for r in oom_fit],
     }
 
 
@@ -246,10 +285,16 @@ def write_chrome_trace(events: list[TimelineEvent], path: Path) -> None:
 # ----------------------------------------------------------------------------- writers
 
 
+def folder_name(study: str) -> str:
+    """The study's folder under reports/: the name itself, unless it could leave that folder."""
+    name = "".join("_" if c in "/\\" or ord(c) < 32 or ord(c) == 127 else c for c in study)
+    return "_" if name in ("", ".", "..") else name
+
+
 def write(data: ReportData, out_root: Path) -> Path:
     import pandas as pd
 
-    out = out_root / "reports" / data.study
+    out = out_root / "reports" / folder_name(data.study)
     out.mkdir(parents=True, exist_ok=True)
     s = summary(data)
     (out / "summary.json").write_text(json.dumps(s, indent=1) + "\n")
@@ -285,16 +330,27 @@ def _banner(data: ReportData) -> list[str]:
 
 def _accuracy_line(s: dict) -> str:
     a = s["accuracy"]
+    oom = (f"out-of-memory among {a.get('executed', a['executed_ok'])} executed plans predicted to fit: "
+           f"{a['oom_predicted_to_fit']}.")
     if not a["executed_ok"]:
-        return "Accuracy of this run: no candidate was executed successfully."
+        return f"Accuracy of this run: no candidate was executed successfully; {oom}"
     return (f"Accuracy of this run: step-time MAPE {a['step_time_mape'] * 100:.1f}% (max {a['step_time_max_err'] * 100:.1f}%) "
             f"over {a['executed_ok']} executed plans; peak-memory MAPE "
-            f"{(a['peak_mem_mape'] or 0) * 100:.1f}%; out-of-memory among plans predicted to fit: {a['oom_predicted_to_fit']}.")
+            f"{(a['peak_mem_mape'] or 0) * 100:.1f}%; {oom}")
+
+
+def _oom_lines(s: dict) -> list[str]:
+    """Every out-of-memory among plans predicted to fit, with the plan and the under-predicted bytes."""
+    return [oom_text(d) for d in s["accuracy"].get("oom_predicted_to_fit_plans", [])]
 
 
 def _markdown(data: ReportData, s: dict, figs: dict[str, Path]) -> str:
     lines = [f"# hetsim report: {data.study}", ""]
     lines += [_accuracy_line(s), ""]
+    oom = s["accuracy"].get("oom_predicted_to_fit_plans", [])
+    if oom:
+        lines += ["**Out of memory although predicted to fit:**", ""]
+        lines += [f"- {t}; plan `{json.dumps(d['plan'])}`" for t, d in zip(_oom_lines(s), oom)] + [""]
     lines += _banner(data) + [""]
     lines += [f"- model: `{data.model}`, global batch {data.global_batch}", f"- cluster: {data.cluster.describe()}", ""]
     lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
@@ -318,6 +374,10 @@ def _html(data: ReportData, s: dict, figs: dict[str, Path]) -> str:
              "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse}"
              "td,th{border:1px solid #ccc;padding:3px 6px;font-size:13px}.warn{background:#fff3cd;padding:6px}</style>",
              f"<h1>hetsim report: {e(data.study)}</h1>", f"<p><b>{e(_accuracy_line(s))}</b></p>"]
+    oom = s["accuracy"].get("oom_predicted_to_fit_plans", [])
+    if oom:
+        parts.append("<p class='warn'><b>Out of memory although predicted to fit:</b></p><ul>" + "".join(
+            f"<li>{e(t)}<br><code>{e(json.dumps(d['plan']))}</code></li>" for t, d in zip(_oom_lines(s), oom)) + "</ul>")
     parts += [f"<p class='warn'>{e(b.replace('**', ''))}</p>" for b in _banner(data)]
     parts.append(f"<p>model <code>{e(data.model)}</code>, global batch {data.global_batch}<br>cluster: {e(data.cluster.describe())}</p>")
     parts.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in HEADER) + "</tr>")
