@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hetsim.cluster import Cluster
-from hetsim.errors import ProfileCorruptError, ProfileMismatchError
+from hetsim.errors import ProfileMismatchError
 from hetsim.profiles import CommProfile, DeviceProfile, ModelProfile, ProfileSet, load, save
 
 Say = Callable[[str], None]
@@ -31,10 +31,10 @@ def _load_or(path: Path, cls, expect: dict[str, str], measure: Callable[[], obje
             obj = load(cls, path, expect)
             say(f"reusing {path}")
             return obj
-        except ProfileMismatchError as e:
+        except ProfileMismatchError as e:  # not an error: the setup changed, so measure again and say so
             say(f"{e}")
-        except ProfileCorruptError as e:
-            say(f"{e}; measuring again")
+        # A ProfileCorruptError propagates: the CLI names the file and says to delete it or pass
+        # --reprofile, rather than silently overwriting a file someone may have edited.
     obj = measure()
     save(obj, path)
     say(f"recorded {path}")
@@ -95,7 +95,7 @@ def obtain_profiles(cluster: Cluster, workload, *, root: Path, global_batch: int
                                  lambda k=kind, d=device: profile_device(k, d), reprofile, say)
         mfp = dict(fp)
         mfp.update({"model": workload.spec, "micro_batches": ",".join(map(str, sizes)), "precisions": ",".join(precisions)})
-        def measure_model(k=kind, d=device, dev_prof=devices[kind]):
+        def measure_model(k=kind, d=device, dev_prof=devices[kind], dev_obj=dev_obj):
             prof = profile_model(workload, k, d, sizes, precisions, progress=say)
             if dev_obj is not None and dev_obj.backend != "catalog":
                 prof = calibrate_residual(dev_obj, workload, prof, dev_prof, sizes, say, launch_cfg)

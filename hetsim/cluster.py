@@ -131,6 +131,8 @@ _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 def parse_size(text: str, *, what: str = "memory size") -> int:
     """'4G', '512M', '1.5GiB', '1073741824' -> bytes."""
     m = _SIZE.match(text)
+    if not m and _SIZE.match(text.strip().lstrip("-")):
+        raise ClusterSpecError(f"{what} {text!r} is negative; it must be greater than zero (e.g. 4G)")
     if not m:
         raise ClusterSpecError(
             f"{what} {text!r} is not a size; write a number with an optional unit K, M, G or T (e.g. 4G, 512M)"
@@ -379,6 +381,9 @@ def detect_cuda() -> Cluster | None:
 # ----------------------------------------------------------------------------- TOML
 
 
+_TOML_DEVICE_FIELDS = frozenset({"name", "memory", "speed", "catalog"})
+
+
 def from_toml(path: str) -> Cluster:
     """A TOML file: [[device]] tables with name, memory, and speed (emulated) or catalog key."""
     p = Path(path)
@@ -392,8 +397,9 @@ def from_toml(path: str) -> Cluster:
         raise ClusterSpecError(f"cluster file {path!r} is not valid TOML: {e}") from None
     entries = data.get("device")
     if not isinstance(entries, list) or not entries:
+        found = f" (it has: {', '.join(sorted(data))})" if data else " (it is empty)"
         raise ClusterSpecError(
-            f"cluster file {path!r} has no [[device]] tables; each device needs at least "
+            f"cluster file {path!r} has no [[device]] tables{found}; each device needs at least "
             "'memory' and either 'speed' (emulated) or 'catalog' (a GPU key)"
         )
     table = None
@@ -401,6 +407,14 @@ def from_toml(path: str) -> Cluster:
     for i, e in enumerate(entries):
         if not isinstance(e, dict):
             raise ClusterSpecError(f"cluster file {path!r}: device {i} is not a table")
+        unknown = sorted(set(e) - _TOML_DEVICE_FIELDS)
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], sorted(_TOML_DEVICE_FIELDS), n=1, cutoff=0.5)
+            raise ClusterSpecError(
+                f"cluster file {path!r}: device {i} has unknown field(s) {', '.join(map(repr, unknown))}"
+                + (f" (did you mean {close[0]!r}?)" if close else "")
+                + f"; a device takes {', '.join(sorted(_TOML_DEVICE_FIELDS))}"
+            )
         if "catalog" in e:
             table = table or load_catalog()
             key = str(e["catalog"]).lower()

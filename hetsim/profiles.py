@@ -130,11 +130,15 @@ def load(cls: type[T], path: str | Path, expect: dict[str, str] | None = None) -
         obj = from_dict(cls, data)
     except FileNotFoundError:
         raise
+    except OSError as e:  # a folder, no permission
+        raise ProfileCorruptError(
+            f"profile {p} cannot be read ({e.strerror}); delete it or run with --reprofile to measure again"
+        ) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ProfileCorruptError(
             f"profile {p} is not valid JSON ({e}); delete it or run with --reprofile to measure again"
         ) from None
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ProfileCorruptError(
             f"profile {p} misses or has malformed fields ({e}); delete it or run with --reprofile"
         ) from None

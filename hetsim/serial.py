@@ -54,7 +54,9 @@ def _convert(tp: Any, value: Any) -> Any:
     if origin is dict:
         kt, vt = args if args else (str, Any)
         return {_convert(kt, k): _convert(vt, v) for k, v in value.items()}
-    if tp is float and isinstance(value, (int, float)):
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"expected a number, got {value!r}")
         return float(value)
     if tp is int and isinstance(value, bool):
         raise TypeError("bool is not int")

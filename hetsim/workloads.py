@@ -209,6 +209,10 @@ def _load_user(spec: str) -> Workload:
         mod = importlib.import_module(mod_name)
     except ImportError as e:
         raise ConfigError(f"--model {spec!r}: module {mod_name!r} cannot be imported ({e}); check PYTHONPATH") from None
+    except Exception as e:  # the module itself fails while importing (syntax error, its own exception)
+        raise ConfigError(
+            f"--model {spec!r}: importing module {mod_name!r} raised {type(e).__name__}: {e}; fix the module"
+        ) from None
     fn = getattr(mod, fn_name, None)
     if fn is None or not callable(fn):
         raise ConfigError(f"--model {spec!r}: module {mod_name!r} has no callable {fn_name!r}")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from hetsim.strategies.base import SearchContext
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -19,6 +20,7 @@ from hetsim.cluster import Cluster
 from hetsim.costmodel import CostModel
 from hetsim.runner import Launch, measure
 from hetsim.serial import to_dict
+from hetsim.worker import Fault
 
 from .study import (
     feasible_candidates,
@@ -53,6 +55,8 @@ class Options:
     checkpointing: bool
     launch: Launch
     notes: tuple[str, ...] = ()
+    fault: Fault | None = None
+    """For tests: a fault injected into the first real run (hidden --inject-fault)."""
 
 
 class StopFlag:
@@ -68,7 +72,13 @@ class StopFlag:
             self.requested = True
             console.print("[yellow]interrupted: stopping after the current trial or run (Ctrl-C again to abort)[/]")
 
-        signal.signal(signal.SIGINT, handler)
+        self.previous = signal.signal(signal.SIGINT, handler)
+
+    def uninstall(self) -> None:
+        """Give SIGINT back to whoever had it (the CLI may run inside a test or a notebook)."""
+        if getattr(self, "previous", None) is not None:
+            signal.signal(signal.SIGINT, self.previous)
+            self.previous = None
 
     def __call__(self) -> bool:
         return self.requested
@@ -82,9 +92,18 @@ def default_study_name(model: str, cluster_spec: str, gb: int, names: tuple[str,
 def run(opts: Options, console: Console) -> int:
     stop = StopFlag()
     stop.install(console)
+    try:
+        return _run(opts, console, stop)
+    finally:
+        stop.uninstall()
+
+
+def _run(opts: Options, console: Console, stop: StopFlag) -> int:
     cluster = opts.cluster
     wl = opts.workload
-    say = lambda msg: console.print(f"[dim]{msg}[/]")  # noqa: E731
+    say = lambda msg: console.print(f"[dim]{escape(msg)}[/]")  # noqa: E731
+    # The storage first: a URL that cannot be opened fails in a second, not after profiling.
+    study = open_study(opts.study, opts.storage, opts.seed, resume=True)
     t0 = time.perf_counter()
     profiles = obtain_profiles(cluster, wl, root=opts.out, global_batch=opts.global_batch,
                                precisions=opts.precisions, reprofile=opts.reprofile, say=say, launch_cfg=opts.launch)
@@ -93,10 +112,9 @@ def run(opts: Options, console: Console) -> int:
                         checkpointing=opts.checkpointing, min_local_batch=opts.min_local_batch)
     console.print(f"profiles ready in {time.perf_counter() - t0:.0f} s")
 
-    study = open_study(opts.study, opts.storage, opts.seed, resume=True)
     before = len(study.trials)
     if before:
-        console.print(f"resuming study {opts.study!r}: {before} trials already stored")
+        console.print(f"resuming study {escape(repr(opts.study))}: {before} trials already stored")
     with Progress(TextColumn("search"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
                   transient=True) as prog:
         task = prog.add_task("trials", total=opts.trials, completed=min(before, opts.trials))
@@ -130,6 +148,7 @@ def run(opts: Options, console: Console) -> int:
         notes.append("catalog cluster: plans were simulated only (nothing to run them on)")
     if can_run:
         jobs = [r for r in rows] + [base_row]
+        fault = opts.fault
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=True) as prog:
             task = prog.add_task("real runs", total=len(jobs))
@@ -145,12 +164,15 @@ def run(opts: Options, console: Console) -> int:
                     r.measured = measure(r.plan, cluster=cluster, workload_spec=wl.spec, optimizer=wl.optimizer,
                                          steps=opts.steps, warmup=opts.warmup, timeout_s=opts.timeout_s,
                                          seed=opts.seed, out_dir=str(opts.out / "runs" / opts.study / f"run-{r.rank}"),
-                                         launch_cfg=opts.launch)
+                                         launch_cfg=opts.launch, fault=fault)
+                    fault = None  # only the first real run
                     store_measurement(study, r.plan, r.measured)
                 prog.advance(task)
                 m = r.measured
                 if m.status != "ok":
-                    console.print(f"[red]{r.label}: {m.status}[/] {(m.error or '').splitlines()[0] if m.error else ''}")
+                    first = (m.error or "").strip().splitlines()[0] if m.error else ""
+                    console.print(f"[red]run failed ({m.status}):[/] {escape(r.label)}: {escape(first)}", highlight=False)
+                    console.print("  the error's last lines are in the report; continuing with the next plan")
 
     best = rows[0] if rows else None
     pipe = next((r for r in rows if r.plan.strategy in ("pipeline", "hybrid")), None)
@@ -176,12 +198,15 @@ def run(opts: Options, console: Console) -> int:
                              timeline_label=tl_label, notes=notes, history=history)
     folder = report.write(data, opts.out)
     _print_table(console, data)
-    console.print(report._accuracy_line(report.summary(data)))
+    summary = report.summary(data)
+    console.print(escape(report._accuracy_line(summary)))
+    for line in report._oom_lines(summary):
+        console.print(f"[red]out of memory although predicted to fit:[/] {escape(line)}", highlight=False)
     for n in notes:
-        console.print(f"[yellow]note:[/] {n}")
+        console.print(f"[yellow]note:[/] {escape(n)}")
     if best is not None:
-        console.print(f"best plan: {best.label}\n  plan JSON: {to_dict(best.plan)}")
-    console.print(f"report: {folder}/report.md (also report.html, summary.json, trials.csv)")
+        console.print(escape(f"best plan: {best.label}\n  plan JSON: {to_dict(best.plan)}"))
+    console.print(escape(f"report: {folder}/report.md (also report.html, summary.json, trials.csv)"))
     if stop():
         console.print("[yellow]stopped early on Ctrl-C; the study keeps every finished trial and run: "
                       f"resume with --study {opts.study}[/]")
@@ -195,5 +220,5 @@ def _print_table(console: Console, data: report.ReportData) -> None:
     for h in report.HEADER:
         t.add_column(h)
     for row in report.table_rows(data):
-        t.add_row(*row)
+        t.add_row(*(escape(c) for c in row))
     console.print(t)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,15 +33,15 @@ class Candidate:
 
 def open_study(name: str, storage: str | None, seed: int, resume: bool) -> optuna.Study:
     kw = {} if _NEW_CONSTRAINTS else {"constraints_func": _constraints}
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the CLI says itself whether a study resumes
     sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=20, **kw)
     try:
         return optuna.create_study(study_name=name, storage=storage, sampler=sampler, direction="maximize",
                                    load_if_exists=True)
-    except (ImportError, ValueError, RuntimeError, OSError) as e:
-        raise ConfigError(f"--storage {storage!r} cannot be opened ({type(e).__name__}: {e}); "
-                          "use an Optuna storage URL such as sqlite:///results/hetsim.db") from None
-    except Exception as e:  # sqlalchemy errors and the like: still a bad URL from the user's side
-        raise ConfigError(f"--storage {storage!r} cannot be opened ({type(e).__name__}: {e})") from None
+    except Exception as e:  # sqlalchemy, sqlite and driver errors alike: a URL the user gave cannot be used
+        why = re.sub(r"\s*\(Background on this error at: [^)]*\)", "", f"{type(e).__name__}: {e}").strip()
+        raise ConfigError(f"--storage {storage!r} cannot be opened ({why}); use an Optuna storage URL that "
+                          "this machine can open, such as sqlite:///results/hetsim.db") from None
 
 
 # Optuna 5 takes constraints from the trial (`Trial.set_constraint`); older ones from a sampler callback.
@@ -90,6 +91,9 @@ def run_search(study: optuna.Study, ctx: SearchContext, names: list[str], trials
             st.stop()
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if stop():  # Ctrl-C while profiling: keep what the study holds, run no trial
+        return
+    # `trials` is the study's total: a resumed study runs only the missing ones.
     remaining = trials - len([t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE])
     if remaining > 0:
         study.optimize(objective, n_trials=remaining, callbacks=[*callbacks, check_stop], catch=(), gc_after_trial=False)
