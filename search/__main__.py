@@ -38,7 +38,7 @@ def positive_float(name: str):
 
 class Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit 2, no usage dump
-        sys.stderr.write(f"hetsim: error: {message} (see --help)\n")
+        sys.stderr.write(f"hetsim: error: {one_line(message)} (see --help)\n")
         raise SystemExit(2)
 
 
