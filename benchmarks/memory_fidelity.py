@@ -32,7 +32,9 @@ PLANS = {
 DEFAULT = "ddp,ddp-ckpt,zero1,zero2,zero3,zero3-ckpt,zero2-offload,zero3-offload,zero2-accum"
 
 
-def build_cost(model: str, cluster_spec: str, optimizer: str):
+def build_cost(model: str, cluster_spec: str, optimizer: str, cache: str | None = None):
+    import os
+
     import torch
 
     from hetsim.cluster import parse_cluster
@@ -45,7 +47,16 @@ def build_cost(model: str, cluster_spec: str, optimizer: str):
     torch.set_num_threads(1)
     wl = workload_from_spec(model, optimizer)
     cluster = parse_cluster(cluster_spec)
-    prof = profile_model(wl, "emu-cpu", torch.device("cpu"), (2, 4, 8), ("fp32", "bf16"), reps=1)
+    if cache and os.path.exists(cache):
+        from hetsim.profiles import ModelProfile, load
+
+        prof = load(ModelProfile, cache)
+    else:
+        prof = profile_model(wl, "emu-cpu", torch.device("cpu"), (2, 4, 8), ("fp32", "bf16"), reps=1)
+        if cache:
+            from hetsim.profiles import save
+
+            save(prof, cache)
     dev = profile_device("emu-cpu", torch.device("cpu"))
     n = len(cluster.devices)
     comm = {k: CommProfile(backend="gloo", world_size=k, fingerprint={}, allreduce_s=Fit(intercept=1e-4, slope=1e-9))
@@ -76,12 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plans", default=DEFAULT, help=f"comma-separated, from: {', '.join(PLANS)}")
     ap.add_argument("--tolerance", type=float, default=0.10)
     ap.add_argument("--timeout", type=float, default=400)
+    ap.add_argument("--profile-cache", default=None, help="JSON file: reuse this model profile (written if missing)")
     args = ap.parse_args(argv)
 
     from hetsim import strategies
     from hetsim.runner import measure
 
-    cost, cluster = build_cost(args.model, args.cluster, args.optimizer)
+    cost, cluster = build_cost(args.model, args.cluster, args.optimizer, args.profile_cache)
     batch = tuple(int(b) for b in args.batch.split(","))
     mib = 2**20
     worst = 0.0

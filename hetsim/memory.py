@@ -18,17 +18,17 @@ step (step index 1), when the optimizer state already exists.  The model is
   `.grad`, activation gradients, the loss.
 - **Communication buffers**: DDP allocates new gradient buckets once, at the start of the second
   step, while the old ones still exist (one extra copy of the gradients, before any activation
-  exists).  FSDP2, per block: the flat all-gather output (kept until the next all-gather has been
-  copied out), the unsharded parameters and, in backward, their unsharded gradients; ZeRO-2 keeps
-  every gathered block from its forward to its backward; ZeRO-3 gathers each block again in
-  backward and prefetches the next one.
+  exists).  FSDP2, per block: the flat all-gather output (in forward kept until the next block's copy-out),
+  the unsharded parameters and, in backward, their unsharded gradients and the reduce-scatter
+  input (kept until the next block's reduce); ZeRO-2 keeps every gathered block from its forward
+  to its backward; ZeRO-3 gathers each block again in backward and prefetches the next one.
 
 Mixed precision: hetsim's executors keep fp32 parameters as the master copy at every precision
 (torch.autocast; FSDP2's MixedPrecisionPolicy shards fp32 parameters), so resident state is
 4 (params) + 4 (grads) + 4·s (optimizer) bytes per parameter (`FP32_MASTER`).  The 2-byte working
 copies are transient and counted where they live: autocast's cast weights are saved for backward
 and sit in the bf16 activation profile; FSDP2's gathered bf16 parameters and gradients are its
-communication buffers.  The ZeRO paper's layout (2-byte params and grads, fp32 master copy inside
+communication buffers (BatchNorm models gather fp32 and use autocast, see `fsdp_gather_bytes`).  The ZeRO paper's layout (2-byte params and grads, fp32 master copy inside
 the optimizer state: 2 + 2 + 12 bytes for Adam) is `LOW_PRECISION_MASTER`; no executor here holds
 it, and both have 16 bytes per parameter in total.
 
@@ -48,6 +48,13 @@ if TYPE_CHECKING:
 
 WORKING_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 """Bytes per element of the parameters FSDP2 gathers (MixedPrecisionPolicy param_dtype)."""
+
+
+def fsdp_gather_bytes(cost: CostModel, precision: str) -> int:
+    """Bytes per parameter FSDP2 gathers.  BatchNorm models run low precision under torch.autocast
+    with fp32 gathers: MixedPrecisionPolicy would cast BatchNorm's weight but not its fp32 running
+    statistics, which batch_norm refuses."""
+    return 4 if cost.facts.has_batchnorm else WORKING_BYTES.get(precision, 4)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -226,7 +233,7 @@ def data_parallel_memory(cost: CostModel, dev: int, micro: int, precision: str, 
     if zero_stage <= 1:
         phases = _ddp_phases(cost, acts, micro, precision)
     else:
-        phases = _fsdp_phases(cost, acts, micro, precision, zero_stage)
+        phases = _fsdp_phases(cost, acts, micro, precision, zero_stage, shards)
     peak = max(phases, key=lambda p: p.activations + p.other)
     return MemoryBreakdown(
         params_bytes=state.params_bytes + cost.buffer_bytes(),  # FSDP2 does not shard or offload buffers
@@ -249,33 +256,44 @@ def _ddp_phases(cost: CostModel, acts: _BlockActs, micro: int, precision: str) -
     return phases
 
 
-def _fsdp_phases(cost: CostModel, acts: _BlockActs, micro: int, precision: str, stage: int) -> list[_Phase]:
+def _fsdp_phases(cost: CostModel, acts: _BlockActs, micro: int, precision: str, stage: int,
+                 shards: int) -> list[_Phase]:
+    """FSDP2's buffers per block k (U: unsharded parameters, F: flat all-gather output, both in the
+    gather dtype; G: unsharded gradients; R: reduce-scatter input in the fp32 reduce dtype):
+
+    forward k     F(k-1) is freed only after block k's copy-out: F(k-1) + F(k) + U(k);
+    backward k    U(k) + prefetched F(k-1) + G(k) + R(k+1) (the previous reduce-scatter's input is
+                  kept until this block's reduce);
+    reduce k      U(k) freed, R(k+1) freed: F(k-1) + G(k) + R(k) + R(k)/N.
+    ZeRO-2 keeps U of every block from its forward to its backward and gathers nothing in backward.
+    """
     n = len(acts.kept)
-    w = WORKING_BYTES.get(precision, 4)
-    gathered = [cost.param_count(k, k + 1) * w for k in range(n)]  # unsharded params = flat output = grads
-    # Activation gradients and the like; the parameter-gradient temporary of a plain step does not
-    # exist here (FSDP's unsharded gradients are fresh tensors, counted as `gathered`).
-    temps = max(0.0, temporaries_bytes(cost, micro, precision) - largest_param_bytes(cost))
-    phases = []
-    before = 0.0
+    w = fsdp_gather_bytes(cost, precision)
+    counts = [cost.param_count(k, k + 1) for k in range(n)]
+    gathered = [c * w for c in counts]
+    reduce_in = [c * 4.0 for c in counts] + [0.0]
     prefix = [0.0]
     for k in range(n):
         prefix.append(prefix[-1] + gathered[k])
-    last_flat = gathered[n - 1] if n else 0.0
-    for k in range(n):  # forward: gather block k while the previous flat output is still held
+    # Activation gradients and the like; the parameter-gradient temporary of a plain step does not
+    # exist here (FSDP's unsharded gradients are fresh tensors, counted as G).
+    temps = max(0.0, temporaries_bytes(cost, micro, precision) - largest_param_bytes(cost))
+    phases = []
+    before = 0.0
+    for k in range(n):
         prev_flat = gathered[k - 1] if k else 0.0
         resident = prefix[k] if stage == 2 else 0.0
-        phases.append(_Phase(activations=before, other=resident + 2 * gathered[k] + prev_flat))
+        phases.append(_Phase(activations=before, other=resident + prev_flat + 2 * gathered[k]))
         before += acts.kept[k]
-    for k in reversed(range(n)):  # backward of block k
+    for k in reversed(range(n)):
         before -= acts.kept[k]
         if stage == 2:
-            # Blocks <= k still gathered since forward; no all-gather in backward, the forward's last
-            # flat output is still held.
-            comm = prefix[k + 1] + gathered[k] + last_flat
+            held, held_after = prefix[k + 1], prefix[k]
         else:
-            # Block k gathered again (params + its flat output, held) and its unsharded gradients,
-            # plus the prefetched flat output of block k-1.
-            comm = 3 * gathered[k] + (gathered[k - 1] if k else 0.0)
-        phases.append(_Phase(activations=before + acts.full[k], other=comm + temps))
+            prefetch = gathered[k - 1] if k else 0.0
+            held, held_after = gathered[k] + prefetch, prefetch
+        phases.append(_Phase(activations=before + acts.full[k],
+                             other=held + gathered[k] + reduce_in[k + 1] + temps))
+        phases.append(_Phase(activations=before,
+                             other=held_after + gathered[k] + reduce_in[k] * (1 + 1 / max(1, shards))))
     return phases

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hetsim.errors import InfeasiblePlanError
-from hetsim.memory import data_parallel_memory, zero1_owned_counts
+from hetsim.memory import data_parallel_memory, fsdp_gather_bytes, zero1_owned_counts
 from hetsim.simulator import TaskGraph
 from hetsim.types import MemoryBreakdown
 
@@ -192,7 +192,7 @@ def _sharded_graph(plan: ZeROPlan, cost: CostModel) -> TaskGraph:
     n = cost.facts.n_blocks
     devs = tuple(plan.devices)
     shards = len(devs)
-    wbytes = 2 if plan.precision in ("bf16", "fp16") else 4  # MixedPrecisionPolicy gathers in param_dtype
+    wbytes = fsdp_gather_bytes(cost, plan.precision)
     g = TaskGraph()
     last_rs: list[int] = []
     fwd_start: dict[tuple[int, int], int] = {}
@@ -215,21 +215,30 @@ def _sharded_graph(plan: ZeROPlan, cost: CostModel) -> TaskGraph:
                 tid = g.add(f"dev{d}", "F", dur, [ag, prev_f[i]], label=f"F{j}.{k}")
                 fwd_start[(i, k)] = tid
                 prev_f[i] = tid
-        # Backward: ZeRO-3 gathers each block again; every block's gradient is reduce-scattered.
+        # Backward: ZeRO-3 gathers each block again, the next one while this one computes (FSDP2's
+        # backward prefetch: block k-1's all-gather is issued as block k's backward starts); every
+        # block's gradient is reduce-scattered after its backward.
         prev_b: list[int | None] = list(prev_f)
+        gathers: dict[int, int] = {}
+        regather = plan.zero_stage == 3
+        if regather and cost.param_bytes(n - 1, n):
+            gathers[n - 1] = g.add("comm", "allgather", cost.allgather_s(cost.param_bytes(n - 1, n) * wbytes / 4, devs),
+                                   list(prev_f), label=f"AGb{j}.{n - 1}")
         for k in reversed(range(n)):
-            pk = cost.param_bytes(k, k + 1)
-            ag = None
-            if pk and plan.zero_stage == 3 and k < n - 1:
-                ag = g.add("comm", "allgather", cost.allgather_s(pk * wbytes / 4, devs), list(prev_b),
-                           label=f"AGb{j}.{k}")
+            pprev = cost.param_bytes(k - 1, k) if k else 0
+            if regather and pprev:  # prev_b: block k+1's backward (or the forward) has ended
+                gathers[k - 1] = g.add("comm", "allgather", cost.allgather_s(pprev * wbytes / 4, devs),
+                                       list(prev_b), label=f"AGb{j}.{k - 1}")
             bids = []
             for i, d in enumerate(devs):
                 dur = cost.bwd_s(d, k, k + 1, sizes[i], plan.precision)
                 dur += cost.recompute_s(d, k, k + 1, sizes[i], plan.precision, plan.checkpoint_blocks)
-                tid = g.add(f"dev{d}", "B", dur, [ag, prev_b[i]], label=f"B{j}.{k}")
+                if plan.offload and k in gathers:  # the shard goes up again for the re-gather
+                    dur += _host_copy_s(cost, d, cost.param_bytes(k, k + 1) / shards)
+                tid = g.add(f"dev{d}", "B", dur, [gathers.get(k), prev_b[i]], label=f"B{j}.{k}")
                 bids.append(tid)
                 prev_b[i] = tid
+            pk = cost.param_bytes(k, k + 1)
             if pk:
                 rs = g.add("comm", "reducescatter", cost.allgather_s(pk, devs), bids, label=f"RS{j}.{k}")
                 if j == plan.accum_steps - 1:
@@ -300,8 +309,13 @@ class _DataParallelBase:
         apply_checkpointing(model, self.plan.checkpoint_blocks)
         return model
 
-    def _micro_step(self, module, x, y) -> float:
-        out = module(x)
+    def _micro_step(self, module, x, y, low_precision: bool) -> float:
+        import contextlib
+
+        from ._common import autocast
+
+        with autocast(self.ctx.device, self.plan.precision) if low_precision else contextlib.nullcontext():
+            out = module(x)
         loss = self.ctx.workload.loss_sum(out.float(), y) * self.scale
         (self.scaler.scale(loss) if self.scaler else loss).backward()
         return float(loss.detach())
@@ -348,14 +362,11 @@ class ZeRO1Executor(_DataParallelBase):
     def _forward_backward(self) -> float:
         import contextlib
 
-        from ._common import autocast
-
         total = 0.0
         for j, (x, y) in enumerate(self.micro):
             sync = j == len(self.micro) - 1
             with contextlib.nullcontext() if sync else self.ddp.no_sync():
-                with autocast(self.ctx.device, self.plan.precision):
-                    total += self._micro_step(self.ddp, x, y)
+                total += self._micro_step(self.ddp, x, y, self.plan.precision != "fp32")
         return total
 
 
@@ -372,7 +383,11 @@ class FSDPExecutor(_DataParallelBase):
         if plan.offload:
             # Pinned host memory needs a CUDA driver (FACTS); on CPU the shard is already host memory.
             kw["offload_policy"] = CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda")
-        if plan.precision in ("bf16", "fp16"):
+        # Low precision: FSDP's MixedPrecisionPolicy (2-byte gathers), except for BatchNorm models,
+        # whose fp32 running statistics batch_norm will not mix with a bf16 weight: those gather
+        # fp32 and run under torch.autocast, as ddp does.
+        self.autocast = plan.precision != "fp32" and ctx.workload.has_batchnorm
+        if plan.precision != "fp32" and not self.autocast:
             low = torch.bfloat16 if plan.precision == "bf16" else torch.float16
             kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
         # Activation checkpointing wraps blocks before sharding (the wrapper is what gets sharded);
@@ -391,8 +406,7 @@ class FSDPExecutor(_DataParallelBase):
             self.scaler = ShardedGradScaler()  # all-reduces found-inf across the shards
 
     def _forward_backward(self) -> float:
-        # MixedPrecisionPolicy casts parameters and inputs; no autocast (FSDP's own mechanism).
-        return sum(self._micro_step(self.model, x, y) for x, y in self.micro)
+        return sum(self._micro_step(self.model, x, y, self.autocast) for x, y in self.micro)
 
     def measure_memory(self, fn) -> MemoryBreakdown:
         """Peak of one step; with offload, the sharded state is host memory (on a CPU device it is
