@@ -193,23 +193,30 @@ def _sharded_graph(plan: ZeROPlan, cost: CostModel) -> TaskGraph:
     devs = tuple(plan.devices)
     shards = len(devs)
     wbytes = fsdp_gather_bytes(cost, plan.precision)
+    # On CUDA FSDP2 overlaps its collectives with compute through streams; on CPU (emulated devices)
+    # streams do nothing and every all-gather and reduce-scatter blocks the rank that issues it.
+    blocking = any(cost.device(d).backend == "emulated" for d in devs)
     g = TaskGraph()
     last_rs: list[int] = []
     fwd_start: dict[tuple[int, int], int] = {}
+    rs_prev: int | None = None
     for j in range(plan.accum_steps):
         sizes = [micro_sizes(b, plan.accum_steps)[j] for b in plan.local_batch]
-        # Forward: all-gather block k may run one block ahead of the compute (FSDP2's prefetch).
-        prev_f: list[int | None] = [None] * shards
+        # Forward: block k's all-gather is issued at block k's pre-forward; on CUDA the host runs
+        # ahead of the kernels, so it overlaps block k-1's compute; a blocking rank waits for it.
+        # A blocking rank starts the next micro-step's forward after its last reduce-scatter.
+        prev_f: list[int | None] = [rs_prev if blocking else None] * shards
         for k in range(n):
             pk = cost.param_bytes(k, k + 1)
             ag = None
             if pk:
-                deps = [fwd_start.get((i, k - 1)) for i in range(shards)]
+                ahead = 1 if blocking else 2
+                deps = [fwd_start.get((i, k - ahead)) for i in range(shards)]
                 ag = g.add("comm", "allgather", cost.allgather_s(pk * wbytes / 4, devs), deps, label=f"AG{j}.{k}")
             for i, d in enumerate(devs):
                 dur = cost.fwd_s(d, k, k + 1, sizes[i], plan.precision)
                 if k == 0:
-                    dur += cost.overhead_s(d)
+                    dur += cost.overhead_s(d, sizes[i])
                 if plan.offload and pk:
                     dur += _host_copy_s(cost, d, pk / shards)
                 tid = g.add(f"dev{d}", "F", dur, [ag, prev_f[i]], label=f"F{j}.{k}")
@@ -224,23 +231,28 @@ def _sharded_graph(plan: ZeROPlan, cost: CostModel) -> TaskGraph:
         if regather and cost.param_bytes(n - 1, n):
             gathers[n - 1] = g.add("comm", "allgather", cost.allgather_s(cost.param_bytes(n - 1, n) * wbytes / 4, devs),
                                    list(prev_f), label=f"AGb{j}.{n - 1}")
+        rs_prev = None
         for k in reversed(range(n)):
             pprev = cost.param_bytes(k - 1, k) if k else 0
             if regather and pprev:  # prev_b: block k+1's backward (or the forward) has ended
                 gathers[k - 1] = g.add("comm", "allgather", cost.allgather_s(pprev * wbytes / 4, devs),
                                        list(prev_b), label=f"AGb{j}.{k - 1}")
+            waits = [gathers.get(k)]
+            if blocking:
+                waits += [gathers.get(k - 1), rs_prev]
             bids = []
             for i, d in enumerate(devs):
                 dur = cost.bwd_s(d, k, k + 1, sizes[i], plan.precision)
                 dur += cost.recompute_s(d, k, k + 1, sizes[i], plan.precision, plan.checkpoint_blocks)
                 if plan.offload and k in gathers:  # the shard goes up again for the re-gather
                     dur += _host_copy_s(cost, d, cost.param_bytes(k, k + 1) / shards)
-                tid = g.add(f"dev{d}", "B", dur, [gathers.get(k), prev_b[i]], label=f"B{j}.{k}")
+                tid = g.add(f"dev{d}", "B", dur, [*waits, prev_b[i]], label=f"B{j}.{k}")
                 bids.append(tid)
                 prev_b[i] = tid
             pk = cost.param_bytes(k, k + 1)
             if pk:
                 rs = g.add("comm", "reducescatter", cost.allgather_s(pk, devs), bids, label=f"RS{j}.{k}")
+                rs_prev = rs
                 if j == plan.accum_steps - 1:
                     last_rs.append(rs)
     for d in devs:

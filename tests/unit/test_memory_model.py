@@ -175,3 +175,25 @@ def test_batchnorm_small_batches_warn(gn_profile):
     assert pred.feasible and pred.warnings and "device 1: 3" in pred.warnings[0]
     big = ZeROPlan(devices=(0, 1), local_batch=(16, 8))
     assert ZeRO().predict(big, bn)[0].warnings == ()
+
+
+def test_offload_costs_host_transfers_on_real_gpus_only(make_cost):
+    plan = ZeROPlan(devices=(0, 1), local_batch=(4, 4), zero_stage=3)
+    off = ZeROPlan(devices=(0, 1), local_batch=(4, 4), zero_stage=3, offload=True)
+    gpus = make_cost("catalog:rtx_3090,t4")
+    assert ZeRO().predict(off, gpus)[0].step_time_s > ZeRO().predict(plan, gpus)[0].step_time_s
+    # On an emulated device the offloaded shard is already where the device reads it: no copy.
+    emu = make_cost()
+    t_emu = {p.offload: ZeRO().predict(p, emu)[0] for p in (plan, off)}
+    assert t_emu[True].breakdown_s.get("F") == pytest.approx(t_emu[False].breakdown_s.get("F"))
+
+
+def test_fsdp_collectives_block_on_cpu_but_overlap_on_gpus(make_cost):
+    plan = ZeROPlan(devices=(0, 1), local_batch=(4, 4), zero_stage=3)
+    for spec, blocking in (("emu:1.0@4G,0.5@4G", True), ("catalog:rtx_3090,t4", False)):
+        cost = make_cost(spec)
+        pred, sched, g = ZeRO().predict(plan, cost)
+        busy = sum(sched.busy_s(g, f"dev{d}") for d in plan.devices) / 2
+        comm = sched.busy_s(g, "comm")
+        # Blocking: the step is at least compute + communication; overlapping: less than that.
+        assert (pred.step_time_s >= busy + comm * 0.999) == blocking, spec
