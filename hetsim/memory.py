@@ -210,15 +210,15 @@ class _Phase:
 
 def data_parallel_memory(cost: CostModel, dev: int, micro: int, precision: str, ckpt: int, *,
                          shards: int = 1, zero_stage: int = 0, offload: bool = False,
-                         rank: int = 0, group: tuple[int, ...] | None = None) -> MemoryBreakdown:
+                         rank: int = 0) -> MemoryBreakdown:
     """Peak bytes of one rank of a data-parallel group of `shards` ranks.
 
     zero_stage 0: DDP; 1: DDP + ZeroRedundancyOptimizer; 2 and 3: FSDP2 (reshard after forward
     off / on).  `micro` is this rank's largest micro-batch; `rank` its position in the group (for
-    ZeRO-1's uneven partition).  `dev` and `group` are not used yet: memory is a property of the
-    model, not of the device kind.
+    ZeRO-1's uneven partition).  `dev` does not change the bytes: tensor sizes are the model's,
+    whatever the device kind.
     """
-    del dev, group
+    del dev
     count = cost.param_count()
     states = OPTIMIZER_STATE_PER_PARAM.get(cost.optimizer, 2)
     if zero_stage == 0:

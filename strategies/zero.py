@@ -83,10 +83,11 @@ class ZeRO(Strategy):
 
         def memory_of(dev: int, micro: int) -> MemoryBreakdown:
             return data_parallel_memory(cost, dev, micro, precision, ckpt, shards=len(devices), zero_stage=stage,
-                                        offload=offload, rank=devices.index(dev), group=devices)
+                                        offload=offload, rank=devices.index(dev))
 
-        local = balance_batch(cost, devices, ctx.global_batch, accum, precision, ckpt, DDP.min_local(ctx),
-                              memory_fn=memory_of)
+        # BatchNorm needs 2 samples in every micro-batch, not just in every local batch.
+        floor = max(DDP.min_local(ctx), 2 * accum if cost.facts.has_batchnorm else accum)
+        local = balance_batch(cost, devices, ctx.global_batch, accum, precision, ckpt, floor, memory_fn=memory_of)
         return ZeROPlan(devices=devices, local_batch=local, accum_steps=accum, precision=precision,
                         checkpoint_blocks=ckpt, zero_stage=stage, offload=offload)
 
@@ -119,6 +120,12 @@ class ZeRO(Strategy):
         if plan.accum_steps < 1 or min(plan.local_batch) < plan.accum_steps:
             raise InfeasiblePlanError(
                 f"zero plan local batches {list(plan.local_batch)} must each be >= accum_steps ({plan.accum_steps})"
+            )
+        if cost.facts.has_batchnorm and min(b // plan.accum_steps for b in plan.local_batch) < 2:
+            raise InfeasiblePlanError(
+                f"zero plan local batches {list(plan.local_batch)} in {plan.accum_steps} micro-steps give a "
+                "BatchNorm model a micro-batch of 1 (BatchNorm needs 2 values per channel): raise the local "
+                "batches or lower accum_steps"
             )
         if plan.zero_stage not in STAGES:
             raise InfeasiblePlanError(f"zero_stage {plan.zero_stage} is not one of {list(STAGES)}")
@@ -156,7 +163,7 @@ class ZeRO(Strategy):
     def memory(self, plan: ZeROPlan, cost) -> tuple[MemoryBreakdown, ...]:
         return tuple(
             data_parallel_memory(cost, d, mb, plan.precision, plan.checkpoint_blocks, shards=len(plan.devices),
-                                 zero_stage=plan.zero_stage, offload=plan.offload, rank=r, group=plan.devices)
+                                 zero_stage=plan.zero_stage, offload=plan.offload, rank=r)
             for r, (d, mb) in enumerate(zip(plan.devices, plan.micro_batches()))
         )
 

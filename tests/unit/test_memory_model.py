@@ -197,3 +197,22 @@ def test_fsdp_collectives_block_on_cpu_but_overlap_on_gpus(make_cost):
         comm = sched.busy_s(g, "comm")
         # Blocking: the step is at least compute + communication; overlapping: less than that.
         assert (pred.step_time_s >= busy + comm * 0.999) == blocking, spec
+
+
+def test_batchnorm_gets_two_samples_per_micro_batch(gn_profile):
+    optuna = pytest.importorskip("optuna")
+    from hetsim.cluster import parse_cluster
+    from hetsim.profiles import ProfileSet
+    from tests.conftest import synthetic_comm
+
+    _, model, dev = gn_profile
+    ps = ProfileSet(models={"emu-cpu": model}, devices={"emu-cpu": dev}, comm={2: synthetic_comm(2)})
+    bn = CostModel(parse_cluster("emu:1.0@4G,0.05@4G"), ps, has_batchnorm=True)
+    trial = optuna.trial.FixedTrial({"use_dev0": True, "use_dev1": True, "precision": "fp32", "checkpoint_blocks": 0,
+                                     "zero_stage": 2, "offload": False, "accum_steps": 2})
+    plan = ZeRO().space(trial, SearchContext(cost=bn, global_batch=16))
+    assert min(plan.micro_batches()) >= 2 and min(plan.local_batch) >= 4  # the slow device still gets 2 x 2
+    with pytest.raises(InfeasiblePlanError, match="micro-batch of 1"):
+        ZeRO().validate(ZeROPlan(devices=(0, 1), local_batch=(13, 3), accum_steps=2), bn)
+    user = SearchContext(cost=bn, global_batch=16, min_local_batch=6)
+    assert min(ZeRO().space(trial, user).local_batch) >= 6
