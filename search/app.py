@@ -175,8 +175,7 @@ def _run(opts: Options, console: Console, stop: StopFlag) -> int:
                     console.print("  the error's last lines are in the report; continuing with the next plan")
 
     best = rows[0] if rows else None
-    pipe = next((r for r in rows if r.plan.strategy in ("pipeline", "hybrid")), None)
-    shown = pipe or best
+    shown = best  # the report's timeline is the best plan's (ARCHITECTURE.md), whatever its family
     timeline, tl_label = [], ""
     if shown is not None:
         strat = strategies.get(shown.plan.strategy)
