@@ -76,6 +76,8 @@ class ZeRO(Strategy):
         precision, ckpt = choose_common(trial, ctx, devices)
         stage = trial.suggest_categorical("zero_stage", list(STAGES))
         offload = stage >= 2 and trial.suggest_categorical("offload", [False, True])
+        if len(devices) == 1 and not offload:
+            raise InfeasiblePlanError("zero on one device shards nothing: that plan is ddp's (or offload it)")
         accum = 1
         if not ctx.cost.facts.batch_coupled:
             accum = trial.suggest_categorical("accum_steps", [a for a in (1, 2, 4) if a <= ctx.max_accum])
@@ -93,6 +95,8 @@ class ZeRO(Strategy):
 
     def examples(self, ctx: SearchContext) -> list[ZeROPlan]:
         n = ctx.cost.n_devices
+        if n == 1:
+            return [ZeROPlan(devices=(0,), local_batch=(ctx.global_batch,), zero_stage=s, offload=True) for s in (2, 3)]
         gb = ctx.global_batch
         devs = tuple(range(n))
         uneven = tuple([gb - (gb // (n + 1)) * (n - 1)] + [gb // (n + 1)] * (n - 1)) if n > 1 else (gb,)
@@ -104,9 +108,11 @@ class ZeRO(Strategy):
             ZeROPlan(devices=devs, local_batch=uneven, zero_stage=3, offload=True),
         ]
 
-    def baseline(self, ctx: SearchContext) -> ZeROPlan:
+    def baseline(self, ctx: SearchContext) -> ZeROPlan | None:
         """What a user runs by default: FSDP (ZeRO-3) on every device, the same local batch, fp32."""
         n = ctx.cost.n_devices
+        if n == 1:
+            return None
         base, rem = divmod(ctx.global_batch, n)
         local = tuple(base + (1 if i < rem else 0) for i in range(n))
         return ZeROPlan(devices=tuple(range(n)), local_batch=local, zero_stage=3)
@@ -126,6 +132,11 @@ class ZeRO(Strategy):
                 f"zero plan local batches {list(plan.local_batch)} in {plan.accum_steps} micro-steps give a "
                 "BatchNorm model a micro-batch of 1 (BatchNorm needs 2 values per channel): raise the local "
                 "batches or lower accum_steps"
+            )
+        if len(plan.devices) == 1 and not plan.offload:
+            raise InfeasiblePlanError(
+                f"zero plan on one device (device {plan.devices[0]}) without offload shards nothing; "
+                "use the ddp family, add devices, or set offload=True"
             )
         if plan.zero_stage not in STAGES:
             raise InfeasiblePlanError(f"zero_stage {plan.zero_stage} is not one of {list(STAGES)}")

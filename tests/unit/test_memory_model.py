@@ -216,3 +216,14 @@ def test_batchnorm_gets_two_samples_per_micro_batch(gn_profile):
         ZeRO().validate(ZeROPlan(devices=(0, 1), local_batch=(13, 3), accum_steps=2), bn)
     user = SearchContext(cost=bn, global_batch=16, min_local_batch=6)
     assert min(ZeRO().space(trial, user).local_batch) >= 6
+
+
+def test_one_device_needs_offload(make_cost):
+    cost = make_cost("emu:1.0@4G")
+    with pytest.raises(InfeasiblePlanError, match="shards nothing"):
+        ZeRO().validate(ZeROPlan(devices=(0,), local_batch=(8,), zero_stage=3), cost)
+    plans = ZeRO().examples(SearchContext(cost=cost, global_batch=8))
+    assert plans and all(p.offload for p in plans)
+    for p in plans:
+        ZeRO().validate(p, cost)
+    assert ZeRO().baseline(SearchContext(cost=cost, global_batch=8)) is None
