@@ -18,19 +18,22 @@ step (step index 1), when the optimizer state already exists.  The model is
   `.grad`, activation gradients, the loss.
 - **Communication buffers**: DDP allocates new gradient buckets once, at the start of the second
   step, while the old ones still exist (one extra copy of the gradients, before any activation
-  exists).  FSDP2, per block: the flat all-gather output (in forward kept until the next block's copy-out),
-  the unsharded parameters and, in backward, their unsharded gradients and the reduce-scatter
-  input (kept until the next block's reduce); ZeRO-2 keeps every gathered block from its forward
-  to its backward; ZeRO-3 gathers each block again in backward and prefetches the next one.
+  exists).  FSDP2, per block: the flat all-gather output (in forward kept until the next
+  block's copy-out), the unsharded parameters and, in backward, their unsharded gradients and
+  the reduce-scatter input (kept until the next block's reduce); ZeRO-2 keeps every gathered
+  block from its forward to its backward; ZeRO-3 gathers each block again in backward and
+  prefetches the next one.  (`_fsdp_phases` lists the phases.)
 
 Mixed precision: hetsim's executors keep fp32 parameters as the master copy at every precision
 (torch.autocast; FSDP2's MixedPrecisionPolicy shards fp32 parameters), so resident state is
 4 (params) + 4 (grads) + 4·s (optimizer) bytes per parameter (`FP32_MASTER`).  The 2-byte working
 copies are transient and counted where they live: autocast's cast weights are saved for backward
 and sit in the bf16 activation profile; FSDP2's gathered bf16 parameters and gradients are its
-communication buffers (BatchNorm models gather fp32 and use autocast, see `fsdp_gather_bytes`).  The ZeRO paper's layout (2-byte params and grads, fp32 master copy inside
-the optimizer state: 2 + 2 + 12 bytes for Adam) is `LOW_PRECISION_MASTER`; no executor here holds
-it, and both have 16 bytes per parameter in total.
+communication buffers (BatchNorm models gather fp32 and use autocast, see `fsdp_gather_bytes`).
+The ZeRO paper's layout (2-byte params and grads, fp32 master copy inside the optimizer state:
+2 + 2 + 12 bytes for Adam) is `LOW_PRECISION_MASTER`; no executor here holds it.  Both total
+16 bytes per parameter, but they shard differently: ZeRO-1 leaves 8 + 8/N bytes here against
+4 + 12/N in the paper's layout.
 
 Nothing here imports torch: it is the simulation side.
 """
