@@ -21,6 +21,7 @@ def bench(session: nox.Session) -> None:
     session.run(
         "python", "-m", "pytest", "benchmarks", "-q", "-p", "no:cacheprovider",
         "--benchmark-autosave", "--benchmark-storage=file://results/bench",
+        "--benchmark-compare",  # against the previous saved run (only a warning when there is none)
         "--benchmark-compare-fail=mean:50%" if "--compare" in session.posargs else "--benchmark-columns=min,mean,max",
         *[a for a in session.posargs if a != "--compare"],
     )
