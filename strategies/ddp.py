@@ -183,7 +183,9 @@ class DDP(Strategy):
         accum = 1
         if not ctx.cost.facts.batch_coupled:
             accum = trial.suggest_categorical("accum_steps", [a for a in (1, 2, 4) if a <= ctx.max_accum])
-        local = balance_batch(ctx.cost, devices, ctx.global_batch, accum, precision, ckpt, self.min_local(ctx))
+        # BatchNorm: every micro-batch (not just the local batch) needs two samples or more.
+        floor = max(self.min_local(ctx), accum * (2 if ctx.cost.facts.has_batchnorm else 1))
+        local = balance_batch(ctx.cost, devices, ctx.global_batch, accum, precision, ckpt, floor)
         return DDPPlan(devices=devices, local_batch=local, accum_steps=accum, precision=precision, checkpoint_blocks=ckpt)
 
     @staticmethod
