@@ -114,4 +114,41 @@ def obtain_profiles(cluster: Cluster, workload, *, root: Path, global_batch: int
             cfp_ws = dict(cfp, world_size=str(ws))
             comm[ws] = _load_or(root / "profiles" / _safe(kind) / f"comm-{ws}.json", CommProfile, cfp_ws,
                                 lambda ws=ws, f=cfp_ws: commbench(cluster, ws, f, launch_cfg=launch_cfg), reprofile, say)
-    return ProfileSet(models=models, devices=devices, comm=comm)
+    profiles = ProfileSet(models=models, devices=devices, comm=comm)
+    if cluster.links is None and n > 1 and all(d.backend != "catalog" for d in cluster.devices):
+        profiles = calibrate_sync(cluster, workload, profiles, root, say)
+    return profiles
+
+
+def calibrate_sync(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say) -> ProfileSet:
+    """Run the uniform data-parallel step on the whole cluster once and record what the simulated
+    gradient synchronisation misses (contention between ranks, gloo progress), per model kind."""
+    from dataclasses import replace
+
+    from hetsim.costmodel import CostModel
+    from hetsim.profiles import group_key
+    from hetsim.runner import measure
+    from hetsim.strategies.base import SearchContext
+    from hetsim.strategies.ddp import DDP
+
+    key = group_key(cluster.devices)
+    if all(key in m.sync_residual_s for m in profiles.models.values()):
+        return profiles
+    cost = CostModel(cluster, profiles, workload.optimizer, has_batchnorm=workload.has_batchnorm)
+    ddp = DDP()
+    gb = max(4 * len(cluster.devices), 16)
+    plan = ddp.baseline(SearchContext(cost=cost, global_batch=gb))
+    pred = ddp.predict(plan, cost)[0]
+    say(f"calibrating gradient synchronisation: a real uniform step on all {len(cluster.devices)} devices")
+    m = measure(plan, cluster=cluster, workload_spec=workload.spec, optimizer=workload.optimizer, steps=6,
+                warmup=3, timeout_s=600)
+    if m.status != "ok" or m.step_time_s is None:
+        say(f"synchronisation calibration failed ({m.status}); the simulated bucket all-reduce stands alone")
+        return profiles
+    residual = m.step_time_s - pred.step_time_s
+    models = {}
+    for kind, prof in profiles.models.items():
+        prof = replace(prof, sync_residual_s={**prof.sync_residual_s, key: residual})
+        save(prof, root / "profiles" / _safe(kind) / f"model-{_safe(workload.spec)}.json")
+        models[kind] = prof
+    return replace(profiles, models=models)

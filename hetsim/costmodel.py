@@ -115,6 +115,16 @@ class CostModel:
         scale = 1.0 if self.device(dev).backend == "emulated" else mult
         return max(0.0, (prof.step_overhead_s + extra) * scale)
 
+    def sync_residual_s(self, group: tuple[int, ...]) -> float:
+        """Calibrated extra time of a data-parallel gradient synchronisation over this group."""
+        if len(group) <= 1:
+            return 0.0
+        from hetsim.profiles import group_key
+
+        key = group_key([self.device(d) for d in group])
+        vals = [m.sync_residual_s[key] for m in self.profiles.models.values() if key in m.sync_residual_s]
+        return max(0.0, max(vals)) if vals else 0.0
+
     def opt_s(self, dev: int, param_count: float) -> float:
         prof, mult = self._scale[dev]
         fit = prof.opt_step_s.get(self.optimizer) or next(iter(prof.opt_step_s.values()))

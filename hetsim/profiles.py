@@ -70,6 +70,9 @@ class ModelProfile:
     memory: MemoryCalibration | None = None
     """Whole-model memory calibration (None in profiles recorded without one)."""
     calib_residual_s: Fit | None = None
+    sync_residual_s: dict[str, float] = field(default_factory=dict)
+    """By group (`group_key`: each device's kind and speed): a real uniform data-parallel step on the whole cluster minus its simulated
+    step (gradient synchronisation and contention between ranks that the bucket model misses)."""
     """Measured real step minus the block-sum prediction, per micro-step, vs micro-batch: what
     isolated block timings miss in the real executor (DDP hooks, loss, zero_grad, Python)."""
 
@@ -116,6 +119,11 @@ class ProfileSet:
     devices: dict[str, DeviceProfile] = field(default_factory=dict)
     comm: dict[int, CommProfile] = field(default_factory=dict)
     """By world size."""
+
+
+def group_key(devices) -> str:
+    """Key of a device group for calibrated group terms: each device's kind and relative speed."""
+    return ",".join(f"{d.kind}x{d.speed:g}" for d in devices)
 
 
 def save(obj, path: str | Path) -> None:

@@ -163,6 +163,9 @@ def data_parallel_graph(cost: CostModel, devices: tuple[int, ...], local_batch: 
     for low, nbytes in buckets(cost):
         deps = [bwd_done[(i, low)] for i in range(len(devices))]
         comm.append(g.add("comm", "allreduce", cost.allreduce_s(nbytes, group), deps, label=f"allreduce {nbytes >> 20} MiB"))
+    sync = cost.sync_residual_s(group)
+    if sync and comm:
+        comm.append(g.add("comm", "sync", sync, [comm[-1]], label="sync (calibrated)"))
     for i, d in enumerate(devices):
         deps = list(comm)
         if extra_before_opt is not None:
