@@ -62,7 +62,7 @@ def calibrate_residual(device, workload, prof: ModelProfile, dev_prof: DevicePro
         plan = DDPPlan(devices=(0,), local_batch=(b,))
         pred = DDP().predict(plan, cost)[0].step_time_s
         say(f"calibrating {prof.device_kind}: real single-device step at batch {b}")
-        m = measure(plan, cluster=one, workload_spec=workload.spec, optimizer=workload.optimizer, steps=6, warmup=3,
+        m = measure(plan, cluster=one, workload_spec=workload.spec, optimizer=workload.optimizer, steps=10, warmup=3,
                     timeout_s=600)  # one local device: never a multi-node rendezvous
         if m.status != "ok" or m.step_time_s is None:
             say(f"calibration run failed ({m.status}); keeping the uncalibrated block model")
@@ -140,7 +140,7 @@ def calibrate_sync(cluster: Cluster, workload, profiles: ProfileSet, root: Path,
     plan = ddp.baseline(SearchContext(cost=cost, global_batch=gb))
     pred = ddp.predict(plan, cost)[0]
     say(f"calibrating gradient synchronisation: a real uniform step on all {len(cluster.devices)} devices")
-    m = measure(plan, cluster=cluster, workload_spec=workload.spec, optimizer=workload.optimizer, steps=6,
+    m = measure(plan, cluster=cluster, workload_spec=workload.spec, optimizer=workload.optimizer, steps=10,
                 warmup=3, timeout_s=600)
     if m.status != "ok" or m.step_time_s is None:
         say(f"synchronisation calibration failed ({m.status}); the simulated bucket all-reduce stands alone")

@@ -217,6 +217,19 @@ def _torchrun_root_cause(tail: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+# Errors a rank reports when a peer went away: consequences, not causes.
+_SECONDARY = re.compile(r"Connection (reset|closed) by peer|Broken pipe|Connection refused|"
+                        r"NCCL communicator was aborted|recvBytes|failed to recv|Socket Timeout", re.IGNORECASE)
+
+
+def _exit_code_of(tail: str, rank: int) -> int | None:
+    """The exit code torchrun's failure summary gives for `rank`, if it is in the log."""
+    for m in _TORCHRUN_FAILURE.finditer(tail):
+        if int(m.group(1)) == rank:
+            return int(m.group(2))
+    return None
+
+
 def _exit_text(code: int) -> str:
     if code < 0:
         try:
@@ -250,14 +263,19 @@ def _failure(by_rank: dict[int, RankResult], n: int, tail: str, timed_out: bool,
     root = _torchrun_root_cause(tail)
     first: RankResult | None = None
     specific = [r for r in failed if r.status in ("oom", "nonfinite")]
+    # A survivor's broken connection is the echo of another rank's failure, never its cause.
+    primary = [r for r in failed if not _SECONDARY.search(r.error or "")]
     if specific:
         first = min(specific, key=lambda r: (r.failed_at_s or float("inf"), r.rank))
-    elif root is not None and root[0] in by_rank and by_rank[root[0]].status != "ok":
-        first = by_rank[root[0]]
-    elif root is not None and root[0] in missing:
+    elif primary:
+        first = min(primary, key=lambda r: (r.failed_at_s or float("inf"), r.rank))
+    elif missing:
+        dead = root[0] if root is not None and root[0] in missing else missing[0]
+        code = _exit_code_of(tail, dead)
+        how = _exit_text(code) if code is not None else "ended"
         others = "; ".join(f"rank {r.rank}: {(r.error or r.status).splitlines()[0]}" for r in failed)
-        return Measurement(status="error", wall_s=wall, failed_rank=root[0],
-                           error=f"rank {root[0]} {_exit_text(root[1])} before it wrote a result"
+        return Measurement(status="error", wall_s=wall, failed_rank=dead,
+                           error=f"rank {dead} {how} before it wrote a result"
                                  + (f" (then {others})" if others else "") + f"\n{_last_lines(tail)}")
     elif failed:
         first = min(failed, key=lambda r: (r.failed_at_s or float("inf"), r.rank))

@@ -174,6 +174,7 @@ def _run(opts: Options, console: Console, stop: StopFlag) -> int:
                     console.print(f"[red]run failed ({m.status}):[/] {escape(r.label)}: {escape(first)}", highlight=False)
                     console.print("  the error's last lines are in the report; continuing with the next plan")
 
+    notes += knob_notes(rows, cands, opts)
     best = rows[0] if rows else None
     shown = best  # the report's timeline is the best plan's (ARCHITECTURE.md), whatever its family
     timeline, tl_label = [], ""
@@ -211,6 +212,29 @@ def _run(opts: Options, console: Console, stop: StopFlag) -> int:
                       f"resume with --study {opts.study}[/]")
         return 130
     return 0
+
+
+def knob_notes(rows, cands, opts: Options) -> list[str]:
+    """For checkpointing and low precision: which executed plan used it, or why none was worth it."""
+    out = []
+    knobs = [("activation checkpointing", lambda p: getattr(p, "checkpoint_blocks", 0) > 0, opts.checkpointing),
+             ("bf16", lambda p: getattr(p, "precision", "fp32") == "bf16", "bf16" in opts.precisions)]
+    best = cands[0].prediction.samples_per_s if cands else 0.0
+    for name, uses, searched in knobs:
+        if any(uses(r.plan) for r in rows):
+            continue
+        if not searched:
+            out.append(f"{name} was not searched (see the options of this run)")
+            continue
+        with_knob = [c for c in cands if uses(c.plan)]
+        if not with_knob:
+            out.append(f"{name} was searched, but no feasible plan used it")
+        else:
+            top = with_knob[0].prediction.samples_per_s
+            out.append(f"{name} was searched ({len(with_knob)} distinct feasible plans used it) but not worth it "
+                       f"here: its best plan was predicted at {top:.1f} samples/s against {best:.1f} for the best "
+                       "plan, and memory did not force it")
+    return out
 
 
 def _print_table(console: Console, data: report.ReportData) -> None:
