@@ -186,11 +186,11 @@ def default_image_size(model: str, emulated: bool) -> int | None:
         return 224  # ImageNet's size
     # On emulated (CPU) clusters: small enough that a step of the default batch takes about a
     # second on one core, large enough that compute, not the fixed optimizer step and gradient
-    # synchronisation, dominates it (resnet18 at 64 px spends ~40% of a step outside the blocks).
+    # synchronisation, dominates it (resnet18 at 64 px spends ~40% of a step in the optimizer and gradient synchronisation).
     return EMULATED_IMAGE_SIZE.get(model, 64)
 
 
-EMULATED_IMAGE_SIZE = {"resnet18": 96, "resnet18_gn": 96, "resnet50": 64}
+EMULATED_IMAGE_SIZE = {"resnet18": 128, "resnet18_gn": 128, "resnet50": 64}
 
 
 def load_workload(model: str, image_size: int | None = None, optimizer: str | None = None) -> Workload:

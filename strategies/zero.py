@@ -273,6 +273,11 @@ def _sharded_graph(plan: ZeROPlan, cost: CostModel) -> TaskGraph:
                 rs_prev = rs
                 if j == plan.accum_steps - 1:
                     last_rs.append(rs)
+    # The calibrated contention of a data-parallel group (measured with DDP: ranks computing side
+    # by side and gloo progressing on busy cores) applies to FSDP's group as well.
+    sync = cost.sync_residual_s(devs)
+    if sync and last_rs:
+        last_rs = [g.add("comm", "sync", sync, list(last_rs), label="sync (calibrated)")]
     for d in devs:
         count = cost.param_count() / shards
         t = _host_opt_s(cost, d, count) if plan.offload else cost.opt_s(d, count)
