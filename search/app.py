@@ -139,7 +139,10 @@ def _run(opts: Options, console: Console, stop: StopFlag) -> int:
         if not any(c.plan.strategy == name for c in cands):
             reasons = infeasible_reasons(study, name)
             if reasons:
-                notes.append(f"{name} was infeasible in every trial; e.g. {reasons[0]}")
+                from collections import Counter
+
+                top, count = Counter(reasons).most_common(1)[0]
+                notes.append(f"{name} was infeasible in every trial ({len(reasons)}); most often ({count}x): {top}")
     if not base_pred.feasible:
         notes.append("the uniform data-parallel baseline does not fit: " + "; ".join(base_pred.violations))
 
@@ -224,7 +227,8 @@ def knob_notes(rows, cands, opts: Options) -> list[str]:
         if any(uses(r.plan) for r in rows):
             continue
         if not searched:
-            out.append(f"{name} was not searched (see the options of this run)")
+            if not any(n.startswith(f"{name} was not searched") for n in opts.notes):
+                out.append(f"{name} was not searched (see the options of this run)")
             continue
         with_knob = [c for c in cands if uses(c.plan)]
         if not with_knob:
