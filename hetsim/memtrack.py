@@ -59,6 +59,11 @@ def measure_step(fn: Callable[[], object], model: nn.Module, optimizer, device: 
     finally:
         for h in handles:
             h.remove()
+    return peak_breakdown(mt)
+
+
+def peak_breakdown(mt) -> MemoryBreakdown:
+    """A MemTracker's peak snapshot (its one device) by hetsim's categories."""
     snap = mt.get_tracker_snapshot("peak")
     dev_snap = next(iter(snap.values())) if snap else {}
     by = {str(k).rsplit(".", 1)[-1]: int(v) for k, v in dev_snap.items()}

@@ -175,8 +175,7 @@ class PipelineExecutor:
 
     def measure_memory(self, fn):
         """Peak tensor bytes of one step by category (the worker calls this instead of measure_step)."""
-        from hetsim.memtrack import measure_step
-        from hetsim.types import MemoryBreakdown
+        from hetsim.memtrack import measure_step, peak_breakdown
 
         if self.ctx.device.type == "cuda":
             return measure_step(fn, self.model, self.opt, self.ctx.device)
@@ -189,16 +188,7 @@ class PipelineExecutor:
         mt.track_external(self.model, self.opt)
         with mt:
             fn()
-        snap = mt.get_tracker_snapshot("peak")
-        dev_snap = next(iter(snap.values())) if snap else {}
-        by = {str(k).rsplit(".", 1)[-1]: int(v) for k, v in dev_snap.items()}
-        return MemoryBreakdown(
-            params_bytes=by.get("PARAM", 0) + by.get("BUFFER", 0),
-            grads_bytes=by.get("GRAD", 0),
-            optim_bytes=by.get("OPT", 0),
-            activations_bytes=by.get("ACT", 0),
-            other_bytes=by.get("TEMP", 0) + by.get("OTH", 0),
-        )
+        return peak_breakdown(mt)
 
     def step(self) -> float | None:
         loss = self._forward_backward()

@@ -255,62 +255,90 @@ class DDP(Strategy):
         return DDPExecutor(plan, ctx)
 
 
-class DDPExecutor:
+class DataParallelExecutor:
+    """Batch slicing, loss scaling, the micro-step and the optimizer step shared by the
+    data-parallel executors (DDP, ZeRO-1, FSDP2).  Subclasses set model, stepper, opt and
+    _forward_backward."""
+
     def __init__(self, plan: DDPPlan, ctx: WorkerContext):
         import torch
-        from torch.nn.parallel import DistributedDataParallel
-
-        from ._common import apply_checkpointing
 
         self.plan, self.ctx = plan, ctx
-        wl = ctx.workload
-        model = wl.model().to(ctx.device)
-        if ctx.emulator is not None:
-            ctx.emulator.attach(model.children())
-        apply_checkpointing(model, plan.checkpoint_blocks)
-        self.model = model
-        kw = {"device_ids": [ctx.device.index]} if ctx.device.type == "cuda" else {}
-        self.ddp = DistributedDataParallel(model, gradient_as_bucket_view=True, **kw)
-        self.opt = wl.make_optimizer(self.ddp.parameters())
-        if ctx.emulator is not None:
-            ctx.emulator.wrap_optimizer(self.opt)
-        self.scaler = torch.amp.GradScaler("cuda") if plan.precision == "fp16" else None
-        x, y = wl.make_batch(plan.global_batch, ctx.seed)
+        x, y = ctx.workload.make_batch(plan.global_batch, ctx.seed)
         lo = sum(plan.local_batch[: ctx.rank])
         hi = lo + plan.local_batch[ctx.rank]
         sizes = micro_sizes(hi - lo, plan.accum_steps)
-        xs = torch.split(x[lo:hi], sizes)
-        ys = torch.split(y[lo:hi], sizes)
-        self.micro = [(a.to(ctx.device), b.to(ctx.device)) for a, b in zip(xs, ys)]
+        self.micro = [(a.to(ctx.device), b.to(ctx.device)) for a, b in zip(torch.split(x[lo:hi], sizes),
+                                                                         torch.split(y[lo:hi], sizes))]
+        # DDP and FSDP average over ranks: scaling each rank's loss sum by world/global gives the
+        # full-batch mean gradient whatever the split (FACTS: FSDP averages like DDP).
         self.scale = ctx.world_size / plan.global_batch
+        self.scaler = None
 
-    def _forward_backward(self) -> float:
+    def _build_model(self):
+        from ._common import apply_checkpointing
+
+        model = self.ctx.workload.model().to(self.ctx.device)
+        if self.ctx.emulator is not None:
+            self.ctx.emulator.attach(model.children())
+        apply_checkpointing(model, self.plan.checkpoint_blocks)
+        return model
+
+    def _micro_step(self, module, x, y, low_precision: bool) -> float:
+        import contextlib
+
         from ._common import autocast
 
-        total = 0.0
-        for j, (x, y) in enumerate(self.micro):
-            sync = j == len(self.micro) - 1
-            with (contextlib.nullcontext() if sync else self.ddp.no_sync()):
-                with autocast(self.ctx.device, self.plan.precision):
-                    out = self.ddp(x)
-                loss = self.ctx.workload.loss_sum(out.float(), y) * self.scale
-                (self.scaler.scale(loss) if self.scaler else loss).backward()
-            total += float(loss.detach())
-        return total
+        with autocast(self.ctx.device, self.plan.precision) if low_precision else contextlib.nullcontext():
+            out = module(x)
+        loss = self.ctx.workload.loss_sum(out.float(), y) * self.scale
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+        return float(loss.detach())
 
     def step(self) -> float:
         loss = self._forward_backward()
         if self.scaler:
-            self.scaler.step(self.opt)
+            self.scaler.step(self.stepper)
             self.scaler.update()
         else:
-            self.opt.step()
-        self.opt.zero_grad(set_to_none=False)
+            self.stepper.step()
+        # Gradients stay allocated between steps (as ddp's): the measured peak holds them throughout.
+        self.stepper.zero_grad(set_to_none=False)
         return loss
 
     def compute_grads(self):
         from ._common import full_grads
 
-        self.opt.zero_grad(set_to_none=True)
+        self.stepper.zero_grad(set_to_none=True)
         self._forward_backward()
-        return full_grads(self.ddp)
+        return full_grads(self.model)
+
+
+
+class DDPExecutor(DataParallelExecutor):
+    def __init__(self, plan: DDPPlan, ctx: WorkerContext):
+        import torch
+        from torch.nn.parallel import DistributedDataParallel
+
+        super().__init__(plan, ctx)
+        self.model = self._build_model()
+        kw = {"device_ids": [ctx.device.index]} if ctx.device.type == "cuda" else {}
+        self.ddp = DistributedDataParallel(self.model, gradient_as_bucket_view=True, **kw)
+        self.stepper, self.opt = self._make_optimizer()
+        if ctx.emulator is not None:
+            ctx.emulator.wrap_optimizer(self.opt)
+        if plan.precision == "fp16":
+            self.scaler = torch.amp.GradScaler("cuda")
+
+    def _make_optimizer(self):
+        """(what steps, what holds the state)."""
+        opt = self.ctx.workload.make_optimizer(self.ddp.parameters())
+        return opt, opt
+
+    def _forward_backward(self) -> float:
+        total = 0.0
+        for j, (x, y) in enumerate(self.micro):
+            sync = j == len(self.micro) - 1
+            with contextlib.nullcontext() if sync else self.ddp.no_sync():
+                total += self._micro_step(self.ddp, x, y, self.plan.precision != "fp32")
+        return total

@@ -28,6 +28,8 @@ from . import register
 from .base import Plan, SearchContext, Strategy, WorkerContext, batchnorm_warning
 from .ddp import (
     DDP,
+    DataParallelExecutor,
+    DDPExecutor,
     _precision_ok,
     balance_batch,
     choose_common,
@@ -317,95 +319,21 @@ def _optimizer_spec(workload):
     return cls, {k: v for k, v in probe.defaults.items() if k in accepted}
 
 
-class _DataParallelBase:
-    """Batch slicing, loss scaling and the micro-step loop shared by both executors."""
+class ZeRO1Executor(DDPExecutor):
+    """DDP's step with ZeroRedundancyOptimizer: each rank steps the parameters it owns."""
 
-    def __init__(self, plan: ZeROPlan, ctx: WorkerContext):
-        import torch
-
-        self.plan, self.ctx = plan, ctx
-        x, y = ctx.workload.make_batch(plan.global_batch, ctx.seed)
-        lo = sum(plan.local_batch[: ctx.rank])
-        hi = lo + plan.local_batch[ctx.rank]
-        sizes = micro_sizes(hi - lo, plan.accum_steps)
-        self.micro = [(a.to(ctx.device), b.to(ctx.device)) for a, b in zip(torch.split(x[lo:hi], sizes),
-                                                                         torch.split(y[lo:hi], sizes))]
-        # DDP and FSDP average over ranks: scaling each rank's loss sum by world/global gives the
-        # full-batch mean gradient whatever the split (FACTS: FSDP averages like DDP).
-        self.scale = ctx.world_size / plan.global_batch
-        self.scaler = None
-
-    def _build_model(self):
-        from ._common import apply_checkpointing
-
-        model = self.ctx.workload.model().to(self.ctx.device)
-        if self.ctx.emulator is not None:
-            self.ctx.emulator.attach(model.children())
-        apply_checkpointing(model, self.plan.checkpoint_blocks)
-        return model
-
-    def _micro_step(self, module, x, y, low_precision: bool) -> float:
-        import contextlib
-
-        from ._common import autocast
-
-        with autocast(self.ctx.device, self.plan.precision) if low_precision else contextlib.nullcontext():
-            out = module(x)
-        loss = self.ctx.workload.loss_sum(out.float(), y) * self.scale
-        (self.scaler.scale(loss) if self.scaler else loss).backward()
-        return float(loss.detach())
-
-    def step(self) -> float:
-        loss = self._forward_backward()
-        if self.scaler:
-            self.scaler.step(self.stepper)
-            self.scaler.update()
-        else:
-            self.stepper.step()
-        # Gradients stay allocated between steps (as ddp's): the measured peak holds them throughout.
-        self.stepper.zero_grad(set_to_none=False)
-        return loss
-
-    def compute_grads(self):
-        from ._common import full_grads
-
-        self.stepper.zero_grad(set_to_none=True)
-        self._forward_backward()
-        return full_grads(self.model)
-
-
-class ZeRO1Executor(_DataParallelBase):
-    def __init__(self, plan: ZeROPlan, ctx: WorkerContext):
-        import torch
+    def _make_optimizer(self):
         from torch.distributed.optim import ZeroRedundancyOptimizer
-        from torch.nn.parallel import DistributedDataParallel
 
-        super().__init__(plan, ctx)
-        self.model = self._build_model()
-        kw = {"device_ids": [ctx.device.index]} if ctx.device.type == "cuda" else {}
-        self.ddp = DistributedDataParallel(self.model, gradient_as_bucket_view=True, **kw)
-        cls, opt_kw = _optimizer_spec(ctx.workload)
-        self.stepper = ZeroRedundancyOptimizer(self.ddp.parameters(), optimizer_class=cls, **opt_kw)
+        cls, opt_kw = _optimizer_spec(self.ctx.workload)
+        stepper = ZeroRedundancyOptimizer(self.ddp.parameters(), optimizer_class=cls, **opt_kw)
         # The local optimizer holds this rank's state (ZeroRedundancyOptimizer's own `state` is empty):
-        # it is what memory tracking must see.
-        self.opt = self.stepper.optim
-        if ctx.emulator is not None:
-            ctx.emulator.wrap_optimizer(self.opt)  # the local step only; the broadcast is communication
-        if plan.precision == "fp16":
-            self.scaler = torch.amp.GradScaler("cuda")  # gradients are replicated: every rank sees the same inf
-
-    def _forward_backward(self) -> float:
-        import contextlib
-
-        total = 0.0
-        for j, (x, y) in enumerate(self.micro):
-            sync = j == len(self.micro) - 1
-            with contextlib.nullcontext() if sync else self.ddp.no_sync():
-                total += self._micro_step(self.ddp, x, y, self.plan.precision != "fp32")
-        return total
+        # it is what memory tracking must see, and the emulator throttles the local step only (the
+        # broadcast is communication).  fp16: gradients are replicated, so every rank sees the same inf.
+        return stepper, stepper.optim
 
 
-class FSDPExecutor(_DataParallelBase):
+class FSDPExecutor(DataParallelExecutor):
     def __init__(self, plan: ZeROPlan, ctx: WorkerContext):
         import torch
         from torch.distributed.device_mesh import init_device_mesh
