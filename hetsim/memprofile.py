@@ -45,8 +45,24 @@ def _saved_bytes(model: torch.nn.Module, x: torch.Tensor, device: torch.device, 
     return sum(seen.values())
 
 
+def _foreign_bytes(device: torch.device) -> int:
+    """Bytes the CUDA allocator holds for tensors alive before a measurement starts.
+
+    On CUDA the peak is the allocator's, and in the profiling process it counts whatever else is
+    still alive (the device benchmark's matrices, tensors awaiting collection); a real run's worker
+    has none of it.  MemTracker on CPU counts only the tensors of the step, so this is 0 there."""
+    if device.type != "cuda":
+        return 0
+    import gc
+
+    gc.collect()
+    torch.cuda.synchronize(device)
+    return int(torch.cuda.memory_allocated(device))
+
+
 def _step_peak(workload: Workload, device: torch.device, precision: str, mb: int) -> tuple[int, int]:
     """(peak bytes of the second step, resident state bytes) of a plain one-process step."""
+    foreign = _foreign_bytes(device)
     model = workload.model().to(device)
     opt = workload.make_optimizer(model.parameters())
     x, y = workload.make_batch(mb, 0)
@@ -65,7 +81,7 @@ def _step_peak(workload: Workload, device: torch.device, precision: str, mb: int
     state += sum(b.numel() * b.element_size() for b in model.buffers())
     state += sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
                  if isinstance(t, torch.Tensor))
-    return mem.total_bytes, state
+    return mem.total_bytes - foreign, state
 
 
 def profile_memory(workload: Workload, device: torch.device, micro_batches: tuple[int, ...],
@@ -81,6 +97,7 @@ def profile_memory(workload: Workload, device: torch.device, micro_batches: tupl
             model = workload.model().to(device)
             x, _ = workload.make_batch(mb, 0)
             s = _saved_bytes(model, x.to(device), device, prec)
+            del model, x
             peak, state = _step_peak(workload, device, prec, mb)
             s_pts.append(float(s))
             t_pts.append(float(peak - state - s))
