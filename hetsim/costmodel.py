@@ -130,6 +130,21 @@ class CostModel:
         fit = prof.opt_step_s.get(self.optimizer) or next(iter(prof.opt_step_s.values()))
         return mult * fit(param_count) if param_count > 0 else 0.0
 
+    def host_opt_s(self, dev: int, param_count: float) -> float:
+        """Optimizer step on device dev's host CPU (CPU offload).  A GPU profile measures it; an
+        emulated or catalog device's profile is this CPU's own, so its step unthrottled, unscaled
+        is the host's.  A GPU profile recorded without it falls back to the device's own step."""
+        if param_count <= 0:
+            return 0.0
+        prof, mult = self._scale[dev]
+        if prof.host_opt_step_s:
+            fit = prof.host_opt_step_s.get(self.optimizer) or next(iter(prof.host_opt_step_s.values()))
+            return fit(param_count)
+        fit = prof.opt_step_s.get(self.optimizer) or next(iter(prof.opt_step_s.values()))
+        if self.cluster.devices[dev].backend in ("emulated", "catalog"):
+            return fit(param_count)
+        return mult * fit(param_count)
+
     def allreduce_s(self, nbytes: float, group: tuple[int, ...]) -> float:
         n = len(group)
         if n <= 1 or nbytes <= 0:

@@ -70,6 +70,10 @@ class ModelProfile:
     memory: MemoryCalibration | None = None
     """Whole-model memory calibration (None in profiles recorded without one)."""
     calib_residual_s: Fit | None = None
+    host_opt_step_s: dict[str, Fit] = field(default_factory=dict)
+    """GPU profiles: the optimizer step on the host CPU (one thread, as a worker runs it) vs
+    parameter count, per optimizer: where CPU offload steps the optimizer.  Empty for CPU
+    profiles, whose `opt_step_s` is the host's already."""
     sync_residual_s: dict[str, float] = field(default_factory=dict)
     """By group (`group_key`: each device's kind and speed): a real uniform data-parallel step on the whole cluster minus its simulated
     step (gradient synchronisation and contention between ranks that the bucket model misses)."""

@@ -221,6 +221,12 @@ def profile_model(
         )
     opt_fits = {name: _profile_optimizer(model, name, device, reps) for name in ("adamw", "sgd")}
     opt_fits["adam"] = opt_fits["adamw"]
+    host_fits: dict[str, Fit] = {}
+    if device.type != "cpu":  # CPU offload steps the optimizer on the host: measured there too
+        host_model = workload.model()
+        host_fits = {name: _profile_optimizer(host_model, name, torch.device("cpu"), reps) for name in ("adamw", "sgd")}
+        host_fits["adam"] = host_fits["adamw"]
+        del host_model
     fp = device_fingerprint(kind, device)
     fp.update({"model": workload.spec, "micro_batches": ",".join(map(str, micro_batches)), "precisions": ",".join(precisions)})
     return ModelProfile(
@@ -230,6 +236,7 @@ def profile_model(
         micro_batches=tuple(micro_batches),
         blocks=tuple(bps),
         opt_step_s=opt_fits,
+        host_opt_step_s=host_fits,
         step_overhead_s=statistics.median(overhead) if overhead else 0.0,
         input_bytes_per_sample=input_bytes,
         memory=profile_memory(workload, device, micro_batches, precisions),

@@ -298,12 +298,8 @@ def _host_copy_s(cost: CostModel, dev: int, nbytes: float) -> float:
 
 
 def _host_opt_s(cost: CostModel, dev: int, count: float) -> float:
-    """Optimizer step on the host.  An emulated device's host is this CPU at full speed, so the
-    device's throttle does not apply; other devices have no host profile (their own step time is used)."""
-    d = cost.device(dev)
-    if d.backend == "emulated":
-        return cost.opt_s(dev, count) * d.speed
-    return cost.opt_s(dev, count)
+    """Optimizer step on the host (CPU offload): the host's measured step, not the device's."""
+    return cost.host_opt_s(dev, count)
 
 
 # ----------------------------------------------------------------------------- real run
