@@ -32,6 +32,12 @@ class ModelFacts:
     optimizer: str
 
 
+MIN_GRAD_COSINE = 0.9
+"""Least cosine between a low-precision gradient and the fp32 one for a plan to use that precision.
+Low precision perturbs gradients a little (0.94-0.9999 on the models here); BatchNorm resnet50
+under bf16 CPU autocast gave 0.19: a different direction, not rounding."""
+
+
 class CostModel:
     def __init__(self, cluster: Cluster, profiles: ProfileSet, optimizer: str = "adamw", *,
                  has_batchnorm: bool = False, batch_coupled: bool = False):
@@ -129,6 +135,18 @@ class CostModel:
         prof, mult = self._scale[dev]
         fit = prof.opt_step_s.get(self.optimizer) or next(iter(prof.opt_step_s.values()))
         return mult * fit(param_count) if param_count > 0 else 0.0
+
+    def precision_problem(self, devices, precision: str) -> str | None:
+        """Why `precision` must not train this model on these devices, from the measured gradient
+        cosine of each device kind's profile; None when it may (or nothing was measured)."""
+        for d in devices:
+            prof = self._scale[d][0]
+            cos = prof.grad_cosine.get(precision)
+            if cos is not None and cos < MIN_GRAD_COSINE:
+                return (f"{precision} autocast changes {prof.model}'s gradients on {prof.device_kind}: cosine "
+                        f"{cos:.2f} to the fp32 gradient of the same batch (measured when profiling), below "
+                        f"{MIN_GRAD_COSINE}; use fp32 (e.g. BatchNorm under CPU autocast)")
+        return None
 
     def host_opt_s(self, dev: int, param_count: float) -> float:
         """Optimizer step on device dev's host CPU (CPU offload).  A GPU profile measures it; an

@@ -70,6 +70,9 @@ class ModelProfile:
     memory: MemoryCalibration | None = None
     """Whole-model memory calibration (None in profiles recorded without one)."""
     calib_residual_s: Fit | None = None
+    grad_cosine: dict[str, float] = field(default_factory=dict)
+    """Per low precision: cosine between its gradient and the fp32 gradient of one batch on this
+    device kind (measured at profiling).  Empty in profiles recorded without it."""
     host_opt_step_s: dict[str, Fit] = field(default_factory=dict)
     """GPU profiles: the optimizer step on the host CPU (one thread, as a worker runs it) vs
     parameter count, per optimizer: where CPU offload steps the optimizer.  Empty for CPU

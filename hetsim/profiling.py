@@ -19,7 +19,8 @@ from hetsim.profiles import BlockProfile, BlockTiming, DeviceProfile, ModelProfi
 from hetsim.types import Fit
 from hetsim.workloads import Workload, make_optimizer
 
-FORMAT = "1"
+FORMAT = "2"
+"""Bumped when what a profile measures changes (2: gradient cosine per precision, host optimizer step)."""
 
 
 def cpu_name() -> str:
@@ -221,6 +222,7 @@ def profile_model(
         )
     opt_fits = {name: _profile_optimizer(model, name, device, reps) for name in ("adamw", "sgd")}
     opt_fits["adam"] = opt_fits["adamw"]
+    cosines = {p: grad_cosine(workload, device, p, min(16, max(micro_batches))) for p in precisions if p != "fp32"}
     host_fits: dict[str, Fit] = {}
     if device.type != "cpu":  # CPU offload steps the optimizer on the host: measured there too
         host_model = workload.model()
@@ -236,11 +238,33 @@ def profile_model(
         micro_batches=tuple(micro_batches),
         blocks=tuple(bps),
         opt_step_s=opt_fits,
+        grad_cosine=cosines,
         host_opt_step_s=host_fits,
         step_overhead_s=statistics.median(overhead) if overhead else 0.0,
         input_bytes_per_sample=input_bytes,
         memory=profile_memory(workload, device, micro_batches, precisions),
     )
+
+
+def grad_cosine(workload: Workload, device: torch.device, precision: str, mb: int) -> float:
+    """Cosine between the gradient of one batch under `precision` autocast and the fp32 gradient
+    (same initial weights, same batch).  Seen on this project's CPUs: 0.19 for BatchNorm resnet50,
+    0.94 for resnet18, 0.9999 for a GroupNorm resnet."""
+    torch.manual_seed(0)
+    model = workload.model().to(device)
+    x, y = workload.make_batch(mb, 7)
+    x, y = x.to(device), y.to(device)
+
+    def grads(prec: str) -> torch.Tensor:
+        model.zero_grad(set_to_none=True)
+        with _autocast(device, prec):
+            out = model(x)
+        workload.loss_sum(out.float(), y).backward()
+        return torch.cat([p.grad.detach().flatten().float() for p in model.parameters() if p.grad is not None])
+
+    ref = grads("fp32")
+    low = grads(precision)
+    return float(torch.nn.functional.cosine_similarity(ref, low, dim=0))
 
 
 def _flops(fwd: Callable[[], object], mb: int) -> float:

@@ -178,12 +178,6 @@ def resolve(args, console):
     notes: list[str] = []
     if cluster.emulated:
         precisions = tuple(p for p in precisions if p != "fp16") or ("fp32",)  # fp16 autocast is CUDA-only
-        if args.precisions is None and wl.has_batchnorm:
-            # Seen on these CPUs: bf16 autocast through BatchNorm gave gradients with cosine 0.09 to fp32.
-            precisions = ("fp32",)
-            notes.append(f"bf16 was not searched: {wl.name} has BatchNorm, and bf16 autocast on CPU gives it "
-                         "gradients far from fp32 (cosine ~0.1 at initialisation); pass --precisions fp32,bf16 "
-                         "to search it anyway")
     storage = args.storage or f"sqlite:///{(out / 'hetsim.db').resolve()}"
     study = args.study or default_study_name(wl.spec, cluster.spec, args.global_batch, names)
     launch = Launch(nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint)

@@ -177,7 +177,7 @@ def _run(opts: Options, console: Console, stop: StopFlag) -> int:
                     console.print(f"[red]run failed ({m.status}):[/] {escape(r.label)}: {escape(first)}", highlight=False)
                     console.print("  the error's last lines are in the report; continuing with the next plan")
 
-    notes += knob_notes(rows, cands, opts)
+    notes += knob_notes(rows, cands, opts, cost)
     best = rows[0] if rows else None
     shown = best  # the report's timeline is the best plan's (ARCHITECTURE.md), whatever its family
     timeline, tl_label = [], ""
@@ -217,7 +217,7 @@ def _run(opts: Options, console: Console, stop: StopFlag) -> int:
     return 0
 
 
-def knob_notes(rows, cands, opts: Options) -> list[str]:
+def knob_notes(rows, cands, opts: Options, cost=None) -> list[str]:
     """For checkpointing and low precision: which executed plan used it, or why none was worth it."""
     out = []
     knobs = [("activation checkpointing", lambda p: getattr(p, "checkpoint_blocks", 0) > 0, opts.checkpointing),
@@ -232,7 +232,8 @@ def knob_notes(rows, cands, opts: Options) -> list[str]:
             continue
         with_knob = [c for c in cands if uses(c.plan)]
         if not with_knob:
-            out.append(f"{name} was searched, but no feasible plan used it")
+            why = cost.precision_problem(range(cost.n_devices), name) if cost is not None and name == "bf16" else None
+            out.append(f"{name} was searched, but no feasible plan used it" + (f": {why}" if why else ""))
         else:
             top = with_knob[0].prediction.samples_per_s
             out.append(f"{name} was searched ({len(with_knob)} distinct feasible plans used it) but not worth it "

@@ -110,6 +110,9 @@ class Strategy(ABC):
             raise InfeasiblePlanError(f"plan uses device(s) {bad or '[]'}; the cluster has devices 0..{n - 1}")
         if len(set(plan.devices)) != len(plan.devices):
             raise InfeasiblePlanError(f"plan lists a device twice: {list(plan.devices)}")
+        problem = cost.precision_problem(plan.devices, getattr(plan, "precision", "fp32"))
+        if problem:
+            raise InfeasiblePlanError(problem)
 
     def predict(self, plan: Plan, cost: CostModel) -> tuple[Prediction, Schedule, TaskGraph]:
         self.validate(plan, cost)
