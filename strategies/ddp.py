@@ -217,11 +217,11 @@ class DDP(Strategy):
         gb = ctx.global_batch
         devs = tuple(range(n))
         uneven = tuple([gb - (gb // (n + 1)) * (n - 1)] + [gb // (n + 1)] * (n - 1)) if n > 1 else (gb,)
-        return [
-            self.baseline(ctx),
-            DDPPlan(devices=devs, local_batch=uneven, accum_steps=2),
-            DDPPlan(devices=devs, local_batch=uneven, checkpoint_blocks=ctx.cost.facts.n_blocks // 2),
-        ]
+        return self.buildable(ctx.cost, [
+            lambda: self.baseline(ctx),
+            lambda: DDPPlan(devices=devs, local_batch=uneven, accum_steps=2),
+            lambda: DDPPlan(devices=devs, local_batch=uneven, checkpoint_blocks=ctx.cost.facts.n_blocks // 2),
+        ])
 
     def baseline(self, ctx: SearchContext) -> DDPPlan:
         """What a user runs by default: every device, the same local batch, fp32, no accumulation."""
