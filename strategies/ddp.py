@@ -86,18 +86,17 @@ def balance_batch(cost: CostModel, devices: tuple[int, ...], global_batch: int, 
             f"(min local batch {min_local}, {accum} accumulation steps); raise --global-batch or use fewer devices"
         )
     opt_params = cost.param_count()
-    times: dict[tuple[int, int], float] = {}
     fit_memo: dict[tuple[int, int], bool] = {}
+
+    def compute_time(d: int, b: int) -> float:
+        t = sum(cost.fwd_s(d, 0, n, m, precision) + cost.bwd_s(d, 0, n, m, precision)
+                + cost.recompute_s(d, 0, n, m, precision, ckpt) + cost.overhead_s(d, m)
+                for m in micro_sizes(b, accum))
+        return t + cost.opt_s(d, opt_params)
 
     def step_time(i: int, b: int) -> float:
         d = devices[i]
-        key = (d, b)
-        if key not in times:
-            t = sum(cost.fwd_s(d, 0, n, m, precision) + cost.bwd_s(d, 0, n, m, precision)
-                    + cost.recompute_s(d, 0, n, m, precision, ckpt) + cost.overhead_s(d, m)
-                    for m in micro_sizes(b, accum))
-            times[key] = t + cost.opt_s(d, opt_params)
-        return times[key]
+        return cost.memo(("ddp_step", d, b, accum, precision, ckpt), lambda: compute_time(d, b))
 
     def fits(i: int, b: int) -> bool:
         d = devices[i]
