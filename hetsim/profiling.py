@@ -20,6 +20,10 @@ from hetsim.types import Fit
 from hetsim.workloads import Workload, make_optimizer
 
 FORMAT = "1"
+"""Part of every profile's fingerprint: bump it when a measured field changes meaning (what is timed,
+how, in which unit), so that recorded profiles are measured again.  Not for a new field with a default:
+since "1" was written, `param_numels`, `memory`, `calib_residual_s` and `sync_residual_s` were added
+that way and no existing field changed (checked against the history of profiles.py and profiling.py)."""
 
 
 def cpu_name() -> str:
