@@ -19,11 +19,13 @@ CAPS = ("4G", "60K", "10K")
 def test_examples_on_tight_clusters_are_valid_and_never_raise(name):
     strat = strategies.get(name)
     roomy_counts = []
-    for n_dev, cap, batch, n_blocks in itertools.product((1, 2, 3, 4), CAPS, (1, 3, 8, 32), (1, 2, 5)):
+    shapes = itertools.product((1, 2, 3, 4), CAPS, (1, 3, 8, 32), (1, 2, 5))
+    for n_dev, cap, batch, n_blocks in shapes:
         cost = synthetic_cost([1.0, 0.5, 0.25, 0.7][:n_dev], [1e-3] * n_blocks, caps=[cap] * n_dev)
         plans = strat.examples(SearchContext(cost=cost, global_batch=batch))
         for plan in plans:
-            strat.validate(plan, cost)  # only valid plans (memory may still not fit: the prediction says so)
+            # Only valid plans (memory may still not fit: the prediction says so).
+            strat.validate(plan, cost)
             assert plan.global_batch == batch
         if cap == "4G" and n_dev >= 2 and batch >= 8 and n_blocks >= 5:
             roomy_counts.append(len(plans))
@@ -36,4 +38,5 @@ def test_hybrid_examples_on_memory_caps_no_boundaries_fit():
     cost = synthetic_cost([1.0, 0.5], [1e-3] * 5, caps=["30K", "30K"])
     plans = strategies.get("hybrid").examples(SearchContext(cost=cost, global_batch=8))
     assert all(p.strategy == "hybrid" for p in plans)
-    assert [(p.replicas, p.boundaries) for p in plans] == [(2, (0, 5))]  # the hand-written uneven one
+    # Only the hand-written uneven one.
+    assert [(p.replicas, p.boundaries) for p in plans] == [(2, (0, 5))]
