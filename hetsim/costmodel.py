@@ -8,7 +8,9 @@ ratio of sustained matmul throughput (roofline), and every report says so.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from hetsim.cluster import Cluster, Device
 from hetsim.errors import ProfileError
@@ -20,6 +22,7 @@ from hetsim.workloads import OPTIMIZER_STATE_PER_PARAM
 # (typical published MFU of ResNet training); used only for catalog scaling.
 CATALOG_EFFICIENCY = 0.4
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +55,17 @@ class CostModel:
             n_blocks=len(self.ref.blocks), has_batchnorm=has_batchnorm, batch_coupled=batch_coupled, optimizer=optimizer
         )
         self._scale = [self._device_scale(d) for d in cluster.devices]
+        self._memo: dict[tuple, Any] = {}
+
+    def memo(self, key: tuple, compute: Callable[[], T]) -> T:
+        """`compute()`, once per key: what is derived from this model never changes (cluster and
+        profiles are frozen), and a search asks for the same values trial after trial (a batch
+        split over 64 devices reads thousands of step times and memory peaks)."""
+        try:
+            return self._memo[key]
+        except KeyError:
+            value = self._memo[key] = compute()
+            return value
 
     # -------------------------------------------------------------- devices
 

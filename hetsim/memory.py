@@ -136,6 +136,10 @@ def zero1_owned_counts(cost: CostModel, shards: int) -> list[int]:
     """Parameters whose optimizer state each rank owns under ZeroRedundancyOptimizer: whole
     parameters, largest first, each to the rank with the fewest so far (its partition rule).
     Without per-parameter sizes in the profile, an even split."""
+    return list(cost.memo(("zero1_owned_counts", shards), lambda: tuple(_zero1_owned_counts(cost, shards))))
+
+
+def _zero1_owned_counts(cost: CostModel, shards: int) -> list[int]:
     numels = [n for b in cost.ref.blocks for n in b.param_numels]
     if not numels:
         total = cost.param_count()
@@ -222,6 +226,14 @@ def data_parallel_memory(cost: CostModel, dev: int, micro: int, precision: str, 
     whatever the device kind.
     """
     del dev
+    # Only ZeRO-1's partition depends on the rank.
+    key = ("data_parallel_memory", micro, precision, ckpt, shards, zero_stage, offload, rank if zero_stage == 1 else 0)
+    return cost.memo(key, lambda: _data_parallel_memory(cost, micro, precision, ckpt, shards, zero_stage, offload,
+                                                        rank))
+
+
+def _data_parallel_memory(cost: CostModel, micro: int, precision: str, ckpt: int, shards: int, zero_stage: int,
+                          offload: bool, rank: int) -> MemoryBreakdown:
     count = cost.param_count()
     states = OPTIMIZER_STATE_PER_PARAM.get(cost.optimizer, 2)
     if zero_stage == 0:

@@ -20,7 +20,11 @@ from hetsim.types import Fit
 from hetsim.workloads import Workload, make_optimizer
 
 FORMAT = "2"
-"""Bumped when what a profile measures changes (2: gradient cosine per precision, host optimizer step)."""
+"""Part of every profile's fingerprint: bump it when a measured field changes meaning (what is timed,
+how, in which unit), so that recorded profiles are measured again.  A new field with a default needs
+no bump unless a profile without it would be used wrongly.  2: the memory calibration on GPUs no
+longer counts tensors alive before the step, and profiles gained the gradient cosine per precision
+(without it a precision's numerics go unchecked) and the host optimizer step."""
 
 
 def cpu_name() -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -165,7 +166,29 @@ class Strategy(ABC):
 
     @abstractmethod
     def examples(self, ctx: SearchContext) -> list[Plan]:
-        """A few representative valid plans on ctx's cluster (the contract suite runs them)."""
+        """A few representative valid plans on ctx's cluster (the contract suite runs them); fewer,
+        or none, on a cluster where they cannot be built (never an exception: see `buildable`)."""
+
+    def buildable(self, cost: CostModel, builders: Iterable[Callable[[], Plan | None]]) -> list[Plan]:
+        """The plans of `builders` that can be built and pass `validate` on this cluster.
+
+        Examples are best effort: on a tight cluster (small memory caps, fewer blocks than stages,
+        a batch smaller than the devices) a solver finds no stage boundaries or a hand-written split
+        leaves a device without samples.  That one example is left out instead of failing the
+        whole list.  Memory feasibility is not checked: an example that does not fit is still a
+        plan whose prediction says so.
+        """
+        out = []
+        for build in builders:
+            try:
+                plan = build()
+                if plan is None:
+                    continue
+                self.validate(plan, cost)
+            except InfeasiblePlanError:
+                continue
+            out.append(plan)
+        return out
 
     def baseline(self, ctx: SearchContext) -> Plan | None:
         """The plan a user would run by default with this family (None: no baseline)."""

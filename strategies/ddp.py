@@ -8,6 +8,7 @@ the full-batch gradient whatever the split.
 from __future__ import annotations
 
 import contextlib
+import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -71,6 +72,11 @@ def balance_batch(cost: CostModel, devices: tuple[int, ...], global_batch: int, 
     Per-device step time is non-decreasing in its batch, so this greedy is optimal for
     the slowest-device objective.  Memory caps bound each device's share when they can;
     `memory_fn(device, micro_batch)` gives a family's own memory model (default: plain DDP's).
+
+    A heap of (time with one more sample, position) keeps the greedy at O(batch log devices)
+    step-time evaluations instead of O(batch x devices); ties go to the lowest position, as a
+    linear scan would.  A device that cannot fit one more sample never can later (its share no
+    longer changes), so it leaves the heap for good.
     """
     n = cost.facts.n_blocks
     floor = max(min_local, accum)
@@ -79,33 +85,42 @@ def balance_batch(cost: CostModel, devices: tuple[int, ...], global_batch: int, 
             f"global batch {global_batch} cannot give each of {len(devices)} devices at least {floor} samples "
             f"(min local batch {min_local}, {accum} accumulation steps); raise --global-batch or use fewer devices"
         )
+    opt_params = cost.param_count()
+    fit_memo: dict[tuple[int, int], bool] = {}
 
-    def step_time(i: int, b: int) -> float:
-        d = devices[i]
+    def compute_time(d: int, b: int) -> float:
         t = sum(cost.fwd_s(d, 0, n, m, precision) + cost.bwd_s(d, 0, n, m, precision)
                 + cost.recompute_s(d, 0, n, m, precision, ckpt) + cost.overhead_s(d, m)
                 for m in micro_sizes(b, accum))
-        return t + cost.opt_s(d, cost.param_count())
+        return t + cost.opt_s(d, opt_params)
+
+    def step_time(i: int, b: int) -> float:
+        d = devices[i]
+        return cost.memo(("ddp_step", d, b, accum, precision, ckpt), lambda: compute_time(d, b))
 
     def fits(i: int, b: int) -> bool:
         d = devices[i]
         micro = -(-b // accum)
-        m = memory_fn(d, micro) if memory_fn else data_parallel_memory(cost, d, micro, precision, ckpt)
-        return m.total_bytes <= cost.device(d).memory_bytes
+        key = (d, micro)
+        if key not in fit_memo:
+            m = memory_fn(d, micro) if memory_fn else data_parallel_memory(cost, d, micro, precision, ckpt)
+            fit_memo[key] = m.total_bytes <= cost.device(d).memory_bytes
+        return fit_memo[key]
 
-    local = [floor] * len(devices)
+    extra = global_batch - floor * len(devices)
     for respect_memory in (True, False):
         local = [floor] * len(devices)
-        ok = True
-        for _ in range(global_batch - floor * len(devices)):
-            choices = [(step_time(i, local[i] + 1), i) for i in range(len(devices))
-                       if not respect_memory or fits(i, local[i] + 1)]
-            if not choices:
-                ok = False
-                break
-            _, best = min(choices)
-            local[best] += 1
-        if ok:
+        heap = [(step_time(i, floor + 1), i) for i in range(len(devices))]
+        heapq.heapify(heap)
+        placed = 0
+        while placed < extra and heap:
+            _, i = heapq.heappop(heap)
+            if respect_memory and not fits(i, local[i] + 1):
+                continue
+            local[i] += 1
+            placed += 1
+            heapq.heappush(heap, (step_time(i, local[i] + 1), i))
+        if placed == extra:
             break
     return tuple(local)
 
@@ -201,11 +216,11 @@ class DDP(Strategy):
         gb = ctx.global_batch
         devs = tuple(range(n))
         uneven = tuple([gb - (gb // (n + 1)) * (n - 1)] + [gb // (n + 1)] * (n - 1)) if n > 1 else (gb,)
-        return [
-            self.baseline(ctx),
-            DDPPlan(devices=devs, local_batch=uneven, accum_steps=2),
-            DDPPlan(devices=devs, local_batch=uneven, checkpoint_blocks=ctx.cost.facts.n_blocks // 2),
-        ]
+        return self.buildable(ctx.cost, [
+            lambda: self.baseline(ctx),
+            lambda: DDPPlan(devices=devs, local_batch=uneven, accum_steps=2),
+            lambda: DDPPlan(devices=devs, local_batch=uneven, checkpoint_blocks=ctx.cost.facts.n_blocks // 2),
+        ])
 
     def baseline(self, ctx: SearchContext) -> DDPPlan:
         """What a user runs by default: every device, the same local batch, fp32, no accumulation."""

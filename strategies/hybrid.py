@@ -216,26 +216,28 @@ class Hybrid(Strategy):
         cost, gb = ctx.cost, ctx.global_batch
         n, nb = cost.n_devices, cost.facts.n_blocks
         devs = tuple(range(n))
-        out: list[HybridPlan] = []
+        mm = min_micro(ctx)
+        builders = []
         if n >= 4 and n % 2 == 0:  # the real thing: 2 replicas x n/2 pipeline ranks
-            m = next((k for k in divisors(gb) if k >= n // 2 and gb // k >= 2 * min_micro(ctx)), 1)
-            out.append(self.solve(cost, devs, replicas=2, schedule="1F1B" if m >= n // 2 else "GPipe",
-                                  microbatches=m, global_batch=gb, min_micro_size=min_micro(ctx)))
+            m4 = next((k for k in divisors(gb) if k >= n // 2 and gb // k >= 2 * mm), 1)
+            builders.append(lambda: self.solve(cost, devs, replicas=2, schedule="1F1B" if m4 >= n // 2 else "GPipe",
+                                               microbatches=m4, global_batch=gb, min_micro_size=mm))
         if n >= 2:
             # Degenerate shapes that still run every piece on two ranks: replicas of a one-stage
             # pipeline (gradient all-reduce over the stage group, uneven batch), and one replica of a two-stage
             # pipeline (pipeline groups, per-stage groups of one).
-            m = 2 if gb % 2 == 0 and gb // 2 >= 2 * min_micro(ctx) else 1
-            out.append(self.solve(cost, devs[:2], replicas=2, schedule="GPipe", microbatches=m, global_batch=gb,
-                                  min_micro_size=min_micro(ctx)))
+            m2 = 2 if gb % 2 == 0 and gb // 2 >= 2 * mm else 1
+            builders.append(lambda: self.solve(cost, devs[:2], replicas=2, schedule="GPipe", microbatches=m2,
+                                               global_batch=gb, min_micro_size=mm))
             uneven = (gb - 3 * gb // 8, 3 * gb // 8)  # 5/3 of 8: the fast device takes more
-            if min(uneven) >= min_micro(ctx):
-                out.append(HybridPlan(devices=devs[:2], replicas=2, boundaries=(0, nb), schedule="GPipe",
-                                      microbatches=1, replica_batch=uneven, checkpoint_blocks=nb // 2))
+            if min(uneven) >= mm:
+                builders.append(lambda: HybridPlan(devices=devs[:2], replicas=2, boundaries=(0, nb), schedule="GPipe",
+                                                   microbatches=1, replica_batch=uneven, checkpoint_blocks=nb // 2))
             if nb >= 2 and gb % 2 == 0:
-                out.append(self.solve(cost, devs[:2], replicas=1, schedule="1F1B", microbatches=2, global_batch=gb,
-                                      min_micro_size=min_micro(ctx)))
-        return out
+                builders.append(lambda: self.solve(cost, devs[:2], replicas=1, schedule="1F1B", microbatches=2,
+                                                   global_batch=gb, min_micro_size=mm))
+        # On a tight cluster the solver may find no boundaries that fit: that example is left out.
+        return self.buildable(cost, builders)
 
     def validate(self, plan: HybridPlan, cost) -> None:
         super().validate(plan, cost)

@@ -191,22 +191,23 @@ class Pipeline(Strategy):
         cost, gb = ctx.cost, ctx.global_batch
         devs = tuple(range(cost.n_devices))
         P, nb = len(devs), cost.facts.n_blocks
-        out = [self.baseline(ctx)]  # hand-written model parallelism (GPipe, one micro-batch)
+        builders = [lambda: self.baseline(ctx)]  # hand-written model parallelism (GPipe, one micro-batch)
         ms = [m for m in divisors(gb) if m >= P and gb // m >= min_micro(ctx)]
         if ms and not cost.facts.batch_coupled:
             m = ms[0]
-            out.append(self.solve(cost, devs, schedule="1F1B", microbatches=m, batch=gb,
-                                  checkpoint_blocks=nb // 2))
-            out.append(self.solve(cost, devs[::-1], schedule="GPipe", microbatches=m, batch=gb))
+            builders += [
+                lambda: self.solve(cost, devs, schedule="1F1B", microbatches=m, batch=gb, checkpoint_blocks=nb // 2),
+                lambda: self.solve(cost, devs[::-1], schedule="GPipe", microbatches=m, batch=gb),
+            ]
             have = available_schedules()
             if 2 * P <= nb:
-                if "Interleaved1F1B" in have:
-                    out.append(self.solve(cost, devs, schedule="Interleaved1F1B", stages_per_rank=2,
-                                          microbatches=m, batch=gb))
-                if "ZBVZeroBubble" in have:
-                    out.append(self.solve(cost, devs, schedule="ZBVZeroBubble", stages_per_rank=2,
-                                          microbatches=m, batch=gb))
-        return out
+                builders += [
+                    lambda sched=sched: self.solve(cost, devs, schedule=sched, stages_per_rank=2, microbatches=m,
+                                                   batch=gb)
+                    for sched in ("Interleaved1F1B", "ZBVZeroBubble") if sched in have
+                ]
+        # A tight cluster (memory caps, more devices than blocks) gives fewer examples, never an error.
+        return self.buildable(cost, builders)
 
     def baseline(self, ctx: SearchContext) -> PipelinePlan:
         """Model parallelism as written by hand: every device in order, equal block counts, one micro-batch."""

@@ -98,17 +98,20 @@ class ZeRO(Strategy):
     def examples(self, ctx: SearchContext) -> list[ZeROPlan]:
         n = ctx.cost.n_devices
         if n == 1:
-            return [ZeROPlan(devices=(0,), local_batch=(ctx.global_batch,), zero_stage=s, offload=True) for s in (2, 3)]
+            return self.buildable(ctx.cost, [
+                lambda s=s: ZeROPlan(devices=(0,), local_batch=(ctx.global_batch,), zero_stage=s, offload=True)
+                for s in (2, 3)
+            ])
         gb = ctx.global_batch
         devs = tuple(range(n))
-        uneven = tuple([gb - (gb // (n + 1)) * (n - 1)] + [gb // (n + 1)] * (n - 1)) if n > 1 else (gb,)
+        uneven = tuple([gb - (gb // (n + 1)) * (n - 1)] + [gb // (n + 1)] * (n - 1))
         half = ctx.cost.facts.n_blocks // 2
-        return [
-            ZeROPlan(devices=devs, local_batch=uneven, zero_stage=1),
-            ZeROPlan(devices=devs, local_batch=uneven, zero_stage=2, accum_steps=2),
-            ZeROPlan(devices=devs, local_batch=uneven, zero_stage=3, checkpoint_blocks=half),
-            ZeROPlan(devices=devs, local_batch=uneven, zero_stage=3, offload=True),
-        ]
+        return self.buildable(ctx.cost, [
+            lambda: ZeROPlan(devices=devs, local_batch=uneven, zero_stage=1),
+            lambda: ZeROPlan(devices=devs, local_batch=uneven, zero_stage=2, accum_steps=2),
+            lambda: ZeROPlan(devices=devs, local_batch=uneven, zero_stage=3, checkpoint_blocks=half),
+            lambda: ZeROPlan(devices=devs, local_batch=uneven, zero_stage=3, offload=True),
+        ])
 
     def baseline(self, ctx: SearchContext) -> ZeROPlan | None:
         """What a user runs by default: FSDP (ZeRO-3) on every device, the same local batch, fp32."""

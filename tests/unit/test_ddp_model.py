@@ -4,7 +4,15 @@ import itertools
 
 import pytest
 from hetsim.strategies.base import SearchContext
-from hetsim.strategies.ddp import DDP, DDPPlan, balance_batch, buckets, micro_sizes
+from hetsim.strategies.ddp import (
+    DDP,
+    DDPPlan,
+    balance_batch,
+    buckets,
+    data_parallel_memory,
+    micro_sizes,
+)
+from pipeline_synth import synthetic_cost
 
 
 def _step(cost, devices, local, accum=1):
@@ -85,3 +93,61 @@ def test_baseline_is_uniform(make_cost):
     cost = make_cost("emu:1.0@4G,0.5@4G")
     plan = DDP().baseline(SearchContext(cost=cost, global_batch=33))
     assert plan.local_batch == (17, 16) and plan.devices == (0, 1)
+
+
+def _linear_scan_balance(cost, devices, global_batch, accum, precision, ckpt, floor, memory_fn):
+    """The O(devices x batch) greedy that balance_batch replaced: the heap must give the same split."""
+    n = cost.facts.n_blocks
+
+    def step_time(i, b):
+        d = devices[i]
+        return sum(cost.fwd_s(d, 0, n, m, precision) + cost.bwd_s(d, 0, n, m, precision)
+                   + cost.recompute_s(d, 0, n, m, precision, ckpt) + cost.overhead_s(d, m)
+                   for m in micro_sizes(b, accum)) + cost.opt_s(d, cost.param_count())
+
+    def fits(i, b):
+        return memory_fn(devices[i], -(-b // accum)).total_bytes <= cost.device(devices[i]).memory_bytes
+
+    for respect_memory in (True, False):
+        local = [floor] * len(devices)
+        ok = True
+        for _ in range(global_batch - floor * len(devices)):
+            choices = [(step_time(i, local[i] + 1), i) for i in range(len(devices))
+                       if not respect_memory or fits(i, local[i] + 1)]
+            if not choices:
+                ok = False
+                break
+            local[min(choices)[1]] += 1
+        if ok:
+            break
+    return tuple(local), step_time, fits
+
+
+@pytest.mark.parametrize("speeds", [(1.0, 0.5, 0.25), (1.0, 1.0, 0.5), (0.3, 1.0, 0.7, 0.7)])
+def test_heap_balance_matches_linear_scan_and_brute_force(speeds):
+    # Caps between what 3 and 4 samples (micro-batches) need: devices 0 and 2 can take at most 3 per micro-step.
+    probe = synthetic_cost(speeds, [1e-3, 2e-3, 1.5e-3], act_bytes=[4e6, 4e6, 4e6], opt_s_per_param=1e-6)
+    mem3 = data_parallel_memory(probe, 0, 3, "fp32", 0).total_bytes
+    mem4 = data_parallel_memory(probe, 0, 4, "fp32", 0).total_bytes
+    tight = str((mem3 + mem4) // 2)
+    # No cap; caps on every other device; caps on all (small batches fit, larger ones ignore memory).
+    for caps in (None, [tight if k % 2 == 0 else "4G" for k in range(len(speeds))], [tight] * len(speeds)):
+        cost = synthetic_cost(speeds, [1e-3, 2e-3, 1.5e-3], act_bytes=[4e6, 4e6, 4e6], opt_s_per_param=1e-6,
+                              caps=caps)
+        devs = tuple(range(len(speeds)))
+
+        def mem(d, micro, cost=cost):
+            return data_parallel_memory(cost, d, micro, "fp32", 0)
+
+        for gb, accum, floor in [(12, 1, 1), (13, 2, 2), (9, 1, 2), (16, 4, 4), (30, 1, 1)]:
+            if floor * len(devs) > gb:
+                continue
+            got = balance_batch(cost, devs, gb, accum, "fp32", 0, floor)
+            ref, step_time, fits = _linear_scan_balance(cost, devs, gb, accum, "fp32", 0, floor, mem)
+            assert got == ref, (caps, gb, accum, floor)
+            feasible = [s for s in itertools.product(range(floor, gb + 1), repeat=len(devs))
+                        if sum(s) == gb and all(fits(i, b) for i, b in enumerate(s))]
+            if feasible:  # memory respected: the greedy's slowest device is the best achievable
+                best = min(max(step_time(i, b) for i, b in enumerate(s)) for s in feasible)
+                assert all(fits(i, b) for i, b in enumerate(got))
+                assert max(step_time(i, b) for i, b in enumerate(got)) == pytest.approx(best, rel=1e-12)
