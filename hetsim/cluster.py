@@ -6,6 +6,7 @@ Every form of `--cluster` produces the same `Cluster` value.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import difflib
 import os
 import re
@@ -120,6 +121,46 @@ class Cluster:
             for i, d in enumerate(self.devices)
         )
         return f"{label}: {self.spec} -> {devs}"
+
+
+# ----------------------------------------------------------------------------- interchangeable devices
+
+
+def _same_device(a: Device, b: Device) -> bool:
+    """Equal in everything but the label and the position (name, index)."""
+    return a == dataclasses.replace(b, name=a.name, index=a.index)
+
+
+def _swappable(cluster: Cluster, i: int, j: int) -> bool:
+    """True when exchanging devices i and j leaves the cluster the same: equal devices, and equal
+    links to and from every third device (and between the two, in both directions)."""
+    devs = cluster.devices
+    if not _same_device(devs[i], devs[j]):
+        return False
+    links = cluster.links
+    if links is None:  # collectives come from the measured process group: the same for any member
+        return True
+    if links[i][j] != links[j][i] or links[i][i] != links[j][j]:
+        return False
+    return all(links[i][k] == links[j][k] and links[k][i] == links[k][j]
+               for k in range(len(devs)) if k != i and k != j)
+
+
+def interchangeable_groups(cluster: Cluster) -> tuple[tuple[int, ...], ...]:
+    """Device indices grouped so that any two devices of a group can be swapped without changing
+    the cluster (same kind, speed, memory, backend and links), each group in index order and the
+    groups in order of their first device.  Swaps compose, so this is an equivalence and every
+    permutation within a group is a symmetry: a plan that uses k devices of a group may as well
+    use the first k.  On a cluster where every device differs, every group has one device."""
+    groups: list[list[int]] = []
+    for i in range(len(cluster.devices)):
+        for g in groups:
+            if _swappable(cluster, g[0], i):
+                g.append(i)
+                break
+        else:
+            groups.append([i])
+    return tuple(tuple(g) for g in groups)
 
 
 # ----------------------------------------------------------------------------- parsing

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from hetsim.cluster import interchangeable_groups
 from hetsim.errors import InfeasiblePlanError
 from hetsim.memory import data_parallel_memory  # the memory model of ddp and zero
 from hetsim.simulator import TaskGraph
@@ -126,13 +127,31 @@ def balance_batch(cost: CostModel, devices: tuple[int, ...], global_batch: int, 
 
 
 def choose_devices(trial, ctx: SearchContext) -> tuple[int, ...]:
-    n = ctx.cost.n_devices
-    if n == 1:
+    """Which devices take part, in index order: one suggestion per group of interchangeable devices.
+
+    A device like no other is a yes/no, `use_dev{i}` (as before groups existed, so a study over
+    mismatched devices samples exactly as it did).  A group of k identical devices is a count
+    0..k, `count_dev{first}`, and takes the group's first devices: which ones cannot change a
+    prediction.  On 64 devices of 4 kinds that is 4 counts instead of 64 coins, which TPE handles
+    far faster and which reaches any subset size with fair odds (64 coins almost always pick ~32).
+    """
+    cost = ctx.cost
+    if cost.n_devices == 1:
         return (0,)
-    used = tuple(i for i in range(n) if trial.suggest_categorical(f"use_dev{i}", [True, False]))
+    groups = cost.memo(("interchangeable_groups",), lambda: interchangeable_groups(cost.cluster))
+    used: list[int] = []
+    for g in groups:
+        if len(g) == 1:
+            if trial.suggest_categorical(f"use_dev{g[0]}", [True, False]):
+                used.append(g[0])
+        else:
+            used.extend(g[: trial.suggest_int(f"count_dev{g[0]}", 0, len(g))])
     if not used:
-        raise InfeasiblePlanError("the trial chose no device")
-    return used
+        raise InfeasiblePlanError(
+            "the trial chose no device (every use_dev* is False and every count_dev* is 0); "
+            "a plan needs at least one device"
+        )
+    return tuple(sorted(used))
 
 
 def choose_common(trial, ctx: SearchContext, devices: tuple[int, ...]) -> tuple[str, int]:
