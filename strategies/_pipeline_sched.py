@@ -281,17 +281,56 @@ def stage_state(cost: CostModel, lo: int, hi: int) -> tuple[int, int, int]:
 
 def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence[int], micro: int,
                 precision: str, ckpt: int) -> MemoryBreakdown:
-    """Bytes one pipeline rank holds at its peak: its stages' state plus in-flight activations."""
+    """Bytes one pipeline rank holds at its peak.
+
+    Its stages' state (parameters, buffers, gradients, optimizer state) plus the largest of
+    - during an action, the activations of the micro-batches in flight (each stage keeps what its
+      blocks save, boundary tensors shared by adjacent blocks counted once, as `hetsim.memory`
+      models a whole step); during a backward, the stage's blocks sweep like a whole model's
+      (block k holds all it saved or recomputes) plus the calibrated temporaries of a backward;
+    - the optimizer step, after every activation is freed: its temporaries
+      (`optimizer_step_temp_bytes`), which is where a late stage with small activations peaks.
+    """
+    from hetsim.memory import block_activations, optimizer_step_temp_bytes, temporaries_bytes
+
     stages = sorted({a.stage for a in actions})
+    ba = block_activations(cost, micro, precision, ckpt)
     params = grads = optim = 0
-    act: dict[int, float] = {}
+    kept: dict[int, float] = {}
+    sweep: dict[int, float] = {}
+    numels: list[int] = []
     for s in stages:
         lo, hi = boundaries[s], boundaries[s + 1]
         p, gr, o = stage_state(cost, lo, hi)
         params, grads, optim = params + p, grads + gr, optim + o
-        act[s] = cost.act_bytes(lo, hi, micro, precision, ckpt)
+        # The stage's first block saves the received input: its own storage, not a shared one.
+        k_s = [ba.kept[k] + (ba.shared[k] if k == lo else 0.0) for k in range(lo, hi)]
+        f_s = [ba.full[k] + (ba.shared[k] if k == lo else 0.0) for k in range(lo, hi)]
+        kept[s] = sum(k_s)
+        before = worst = 0.0
+        for k_b, f_b in zip(k_s, f_s):
+            worst = max(worst, before + f_b)
+            before += k_b
+        sweep[s] = max(0.0, worst - kept[s])
+        numels += [n for b in cost.ref.blocks[lo:hi] for n in b.param_numels]
+    temps = temporaries_bytes(cost, micro, precision)
+    split = any(a.kind == "W" for a in actions)
+    held = 0.0
+    best = (0.0, float(optimizer_step_temp_bytes(cost.optimizer, numels)))  # (activations, other)
+    for a in actions:
+        if a.kind == "F":
+            held += kept[a.stage]
+            phase = (held, 0.0)
+        elif a.kind in ("B", "I"):
+            phase = (held + sweep[a.stage], temps)
+        else:
+            phase = (held, 0.0)
+        if sum(phase) > sum(best):
+            best = phase
+        if a.kind == ("W" if split else "B"):
+            held -= kept[a.stage]
     return MemoryBreakdown(params_bytes=params, grads_bytes=grads, optim_bytes=optim,
-                           activations_bytes=int(peak_inflight(actions, act)))
+                           activations_bytes=int(best[0]), other_bytes=int(best[1]))
 
 
 # ----------------------------------------------------------------------------- boundaries
