@@ -70,11 +70,15 @@ class ModelProfile:
     memory: MemoryCalibration | None = None
     """Whole-model memory calibration (None in profiles recorded without one)."""
     calib_residual_s: Fit | None = None
+    """Measured real step minus the block-sum prediction, per micro-step, vs micro-batch: what
+    isolated block timings miss in the real executor (DDP hooks, loss, zero_grad, Python)."""
     sync_residual_s: dict[str, float] = field(default_factory=dict)
     """By group (`group_key`: each device's kind and speed): a real uniform data-parallel step on the whole cluster minus its simulated
     step (gradient synchronisation and contention between ranks that the bucket model misses)."""
-    """Measured real step minus the block-sum prediction, per micro-step, vs micro-batch: what
-    isolated block timings miss in the real executor (DDP hooks, loss, zero_grad, Python)."""
+    pipe_action_s: dict[str, float] = field(default_factory=dict)
+    """By group (`group_key`): seconds added to every compute action of a pipeline schedule so that the
+    simulated step of one real pipeline run on the whole cluster equals its measured step (per-action
+    work of torch.distributed.pipelining, p2p waits, contention the block timings miss)."""
 
     @property
     def param_count(self) -> int:

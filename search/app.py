@@ -27,6 +27,7 @@ from .study import (
     infeasible_reasons,
     open_study,
     run_search,
+    searchable,
     store_measurement,
     stored_measurement,
 )
@@ -135,7 +136,11 @@ def _run(opts: Options, console: Console, stop: StopFlag) -> int:
     if not cands:
         notes.append("no feasible plan was found: " + "; ".join(sorted(set(
             r for n in opts.strategies for r in infeasible_reasons(study, n)))[:3]))
+    _, skipped = searchable(ctx, list(opts.strategies))
+    notes += [f"{name} was not searched: it {why}" for name, why in skipped.items()]
     for name in opts.strategies:
+        if name in skipped:
+            continue
         if not any(c.plan.strategy == name for c in cands):
             reasons = infeasible_reasons(study, name)
             if reasons:
@@ -143,6 +148,9 @@ def _run(opts: Options, console: Console, stop: StopFlag) -> int:
 
                 top, count = Counter(reasons).most_common(1)[0]
                 notes.append(f"{name} was infeasible in every trial ({len(reasons)}); most often ({count}x): {top}")
+    never = ddp.why_never_fits(ctx)
+    if never is not None:
+        notes.append(never)
     if not base_pred.feasible:
         notes.append("the uniform data-parallel baseline does not fit: " + "; ".join(base_pred.violations))
 

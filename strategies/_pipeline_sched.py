@@ -211,6 +211,7 @@ def add_pipeline(g: TaskGraph, cost: CostModel, devices: Sequence[int], boundari
     v = n_stages // n_ranks
     acts = rank_actions(schedule, n_ranks, m, v)
     dev_of = [devices[stage_rank(schedule, n_ranks, s)] for s in range(n_stages)]
+    extra = cost.pipeline_action_s()  # calibrated per compute action (hetsim.calibrate.calibrate_pipeline)
 
     # Pass 1: every task as a spec with symbolic dependencies; ids are known before adding.
     specs: list[tuple[str, str, float, tuple, str]] = []
@@ -234,7 +235,7 @@ def add_pipeline(g: TaskGraph, cost: CostModel, devices: Sequence[int], boundari
             lo, hi = boundaries[s], boundaries[s + 1]
             lbl = f"{tag}{a}"
             if a.kind == "F":
-                dur = cost.fwd_s(d, lo, hi, micro, precision) + cost.overhead_s(d)
+                dur = cost.fwd_s(d, lo, hi, micro, precision) + cost.stage_overhead_s(d, lo, hi, micro, precision) + extra
                 spec(("F", s, j), res, "F", dur, (act_ready(s, j),) if s > 0 else (), lbl)
                 if s + 1 < n_stages and dev_of[s + 1] != d:
                     nbytes = cost.blocks()[hi - 1].out_bytes_per_sample * micro
@@ -243,7 +244,7 @@ def add_pipeline(g: TaskGraph, cost: CostModel, devices: Sequence[int], boundari
             elif a.kind in ("B", "I"):
                 bwd = cost.bwd_s(d, lo, hi, micro, precision)
                 share = 1.0 if a.kind == "B" else INPUT_GRAD_FRACTION
-                dur = share * bwd + cost.recompute_s(d, lo, hi, micro, precision, ckpt)
+                dur = share * bwd + cost.recompute_s(d, lo, hi, micro, precision, ckpt) + extra
                 deps = (("F", s, j),) + ((grad_ready(s, j),) if s + 1 < n_stages else ())
                 spec(("I", s, j), res, "B", dur, deps, lbl)
                 if s > 0 and dev_of[s - 1] != d:
@@ -251,7 +252,7 @@ def add_pipeline(g: TaskGraph, cost: CostModel, devices: Sequence[int], boundari
                     spec(("xb", s, j), f"link{d}->{dev_of[s - 1]}", "p2p", cost.p2p_s(nbytes, d, dev_of[s - 1]),
                          (("I", s, j),), f"{tag}grad {s}->{s - 1} mb{j}")
             else:  # W
-                dur = (1.0 - INPUT_GRAD_FRACTION) * cost.bwd_s(d, lo, hi, micro, precision)
+                dur = (1.0 - INPUT_GRAD_FRACTION) * cost.bwd_s(d, lo, hi, micro, precision) + extra
                 spec(("W", s, j), res, "W", dur, (("I", s, j),), lbl)
 
     # Pass 2: add them with resolved ids.
@@ -444,6 +445,7 @@ def step_elements(cost: CostModel, lanes: Sequence[Lane], n_stages: int, precisi
     """
     nb = cost.facts.n_blocks
     prefix: dict[tuple[int, int], list[float]] = {}
+    per_action = 2 * cost.pipeline_action_s()  # a forward and a backward per micro-batch
 
     def pre(dev: int, micro: int) -> list[float]:
         key = (dev, micro)
@@ -465,7 +467,7 @@ def step_elements(cost: CostModel, lanes: Sequence[Lane], n_stages: int, precisi
             if need > cost.device(d).memory_bytes:
                 return None
             acc = pre(d, lane.micro)
-            c = acc[hi] - acc[lo] + cost.overhead_s(d)
+            c = acc[hi] - acc[lo] + cost.stage_overhead_s(d, lo, hi, lane.micro, precision) + per_action
             link = 0.0
             if s + 1 < n_stages and lane.stage_devices[s + 1] != d:
                 nbytes = cost.blocks()[hi - 1].out_bytes_per_sample * lane.micro
