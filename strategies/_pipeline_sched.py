@@ -300,6 +300,7 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
     kept: dict[int, float] = {}
     sweep: dict[int, float] = {}
     numels: list[int] = []
+    wgrad: dict[int, float] = {}
     for s in stages:
         lo, hi = boundaries[s], boundaries[s + 1]
         p, gr, o = stage_state(cost, lo, hi)
@@ -314,6 +315,7 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
             before += k_b
         sweep[s] = max(0.0, worst - kept[s])
         numels += [n for b in cost.ref.blocks[lo:hi] for n in b.param_numels]
+        wgrad[s] = float(cost.param_bytes(lo, hi))
     temps = temporaries_bytes(cost, micro, precision)
     split = any(a.kind == "W" for a in actions)
     held = 0.0
@@ -325,7 +327,9 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
         elif a.kind in ("B", "I"):
             phase = (held + sweep[a.stage], temps)
         else:
-            phase = (held, 0.0)
+            # A split weight gradient (torch.autograd.grad) returns fresh gradients of the whole stage
+            # before they are accumulated: measured 2x the stage's parameters (resnet50, ZBVZeroBubble).
+            phase = (held, 2.0 * wgrad[a.stage])
         if sum(phase) > sum(best):
             best = phase
         if a.kind == ("W" if split else "B"):

@@ -119,6 +119,10 @@ def choose_microbatches(trial, ctx: SearchContext, schedule: str, ranks: int, v:
 def choose_schedule(trial, ctx: SearchContext, ranks: int) -> str:
     """A schedule whose stage count fits the model on `ranks` ranks (multi-stage ones need 2 blocks per rank)."""
     offered = list(ctx.extra.get("pipeline_schedules", available_schedules()))
+    if ranks == 1 and "GPipe" in offered:
+        # One device: every schedule computes the same thing (ZBVZeroBubble only costs more memory):
+        # offer one, so that the top candidates are not the same run under several names.
+        return trial.suggest_categorical("schedule_r1", ["GPipe"])
     fits = [s for s in offered if s in SINGLE_STAGE or 2 * ranks <= ctx.cost.facts.n_blocks] or offered
     return trial.suggest_categorical("schedule" if fits == offered else f"schedule_r{ranks}", fits)
 
