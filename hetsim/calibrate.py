@@ -10,6 +10,7 @@ from pathlib import Path
 from hetsim.cluster import Cluster
 from hetsim.errors import ProfileMismatchError
 from hetsim.profiles import CommProfile, DeviceProfile, ModelProfile, ProfileSet, load, save
+from hetsim.types import Fit
 
 Say = Callable[[str], None]
 
@@ -155,48 +156,55 @@ def calibrate_sync(cluster: Cluster, workload, profiles: ProfileSet, root: Path,
     return replace(profiles, models=models)
 
 
-def fit_action_overhead(simulate: Callable[[float], float], measured_s: float, lo: float, hi: float) -> float:
-    """The per-action overhead x in [lo, hi] whose simulated step `simulate(x)` equals `measured_s`
-    (bisection: the simulated step never falls when every action takes longer); clipped to the range."""
-    if simulate(lo) >= measured_s:
-        return lo
-    if simulate(hi) <= measured_s:
-        return hi
-    for _ in range(50):
-        mid = 0.5 * (lo + hi)
-        if simulate(mid) < measured_s:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
+def fit_action_residual(points: list[tuple[float, float, float]]) -> Fit:
+    """Per-action residual a + b * micro from (micro-batch size, actions on the critical path, step
+    residual) of real runs: each run's residual spread over its critical actions, then a line through
+    the per-action values (a constant from one run)."""
+    from hetsim.types import Fit
+
+    per = [(mb, r / n) for mb, n, r in points if n > 0]
+    if not per:
+        return Fit(intercept=0.0, slope=0.0)
+    if len(per) == 1 or len({mb for mb, _ in per}) == 1:
+        return Fit(intercept=sum(e for _, e in per) / len(per), slope=0.0)
+    (m1, e1), (m2, e2) = per[0], per[-1]
+    b = (e2 - e1) / (m2 - m1)
+    return Fit(intercept=e1 - b * m1, slope=b)
 
 
-def calibration_pipeline_plan(cost, global_batch: int, min_micro: int):
-    """The pipeline run that calibrates the per-action term: every device in order, one stage each,
-    1F1B with 2 micro-batches per stage where the batch allows (fill, steady state and drain all
-    occur), GPipe with fewer, boundaries solved as the search would."""
+def calibration_pipeline_plans(cost, global_batch: int, min_micro: int) -> list:
+    """The pipeline runs that calibrate the per-action term: every device in order, one stage each,
+    boundaries solved as the search would; one micro-batch (the largest micro-batch, model
+    parallelism), then 1F1B with 2 micro-batches per rank where the batch allows (fill, steady state
+    and drain all occur at a small micro-batch)."""
+    from hetsim.errors import InfeasiblePlanError
     from hetsim.strategies.pipeline import Pipeline
 
     P = len(cost.cluster.devices)
-    ms = [m for m in (2 * P, P, 2, 1) if global_batch % m == 0 and global_batch // m >= min_micro]
-    m = ms[0] if ms else 1
-    return Pipeline().solve(cost, tuple(range(P)), schedule="1F1B" if m >= P else "GPipe", microbatches=m,
-                            batch=global_batch)
+    out = []
+    ms = [m for m in (2 * P, P, 2) if global_batch % m == 0 and global_batch // m >= min_micro]
+    for m in [1] + ms[:1]:
+        try:
+            out.append(Pipeline().solve(cost, tuple(range(P)), schedule="1F1B" if m >= P else "GPipe",
+                                        microbatches=m, batch=global_batch))
+        except InfeasiblePlanError:
+            continue
+    return out
 
 
 def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
                        global_batch: int) -> ProfileSet:
-    """Run one short real pipeline on the whole cluster and record the per-compute-action overhead that
-    makes its simulated step equal the measured one (like `calibrate_sync` for data parallelism):
-    torch.distributed.pipelining's per-action work, p2p waits and the contention between ranks that
-    isolated block timings miss."""
+    """Run two short real pipelines on the whole cluster and record the per-compute-action residual
+    (a + b * micro-batch, like `calibrate_residual` per data-parallel micro-step) that makes their
+    simulated steps equal the measured ones: torch.distributed.pipelining's per-action work, p2p
+    waits, contention between ranks and small-micro-batch costs that isolated block timings miss."""
     from dataclasses import replace
 
     from hetsim.costmodel import CostModel
-    from hetsim.errors import InfeasiblePlanError
     from hetsim.profiles import group_key
     from hetsim.runner import measure
     from hetsim.strategies.pipeline import Pipeline
+    from hetsim.types import Fit
 
     key = group_key(cluster.devices)
     if all(key in m.pipe_action_s for m in profiles.models.values()):
@@ -204,35 +212,35 @@ def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: P
     if len(next(iter(profiles.models.values())).blocks) < len(cluster.devices):
         return profiles  # fewer blocks than devices: no pipeline over the whole cluster
 
-    def cost_with(x: float) -> CostModel:
-        models = {k: replace(p, pipe_action_s={**p.pipe_action_s, key: x}) for k, p in profiles.models.items()}
+    def cost_with(fit: Fit) -> CostModel:
+        models = {k: replace(p, pipe_action_s={**p.pipe_action_s, key: fit}) for k, p in profiles.models.items()}
         return CostModel(cluster, replace(profiles, models=models), workload.optimizer,
                          has_batchnorm=workload.has_batchnorm)
 
-    cost0 = cost_with(0.0)
-    try:
-        plan = calibration_pipeline_plan(cost0, global_batch, 2 if workload.has_batchnorm else 1)
-    except InfeasiblePlanError as e:
-        say(f"no pipeline over the whole cluster to calibrate ({e}); pipeline actions carry no calibrated overhead")
-        return profiles
+    zero = Fit(intercept=0.0, slope=0.0)
+    cost0 = cost_with(zero)
     pipe = Pipeline()
-    say(f"calibrating pipeline actions: a real {pipe.label(plan)} step on all {len(cluster.devices)} devices")
-    m = measure(plan, cluster=cluster, workload_spec=workload.spec, optimizer=workload.optimizer, steps=6,
-                warmup=3, timeout_s=600)
-    if m.status != "ok" or m.step_time_s is None:
-        say(f"pipeline calibration failed ({m.status}); pipeline actions carry no calibrated overhead")
+    points = []
+    for plan in calibration_pipeline_plans(cost0, global_batch, 2 if workload.has_batchnorm else 1):
+        say(f"calibrating pipeline actions: a real {pipe.label(plan)} step on all {len(cluster.devices)} devices")
+        m = measure(plan, cluster=cluster, workload_spec=workload.spec, optimizer=workload.optimizer, steps=6,
+                    warmup=3, timeout_s=600)
+        if m.status != "ok" or m.step_time_s is None:
+            say(f"pipeline calibration run failed ({m.status})")
+            continue
+        pred0 = pipe.predict(plan, cost0)[0].step_time_s
+        delta = 1e-3  # actions on the critical path: how much 1 ms more per action lengthens the step
+        n_crit = (pipe.predict(plan, cost_with(Fit(intercept=delta, slope=0.0)))[0].step_time_s - pred0) / delta
+        say(f"  measured {m.step_time_s:.3f} s, simulated {pred0:.3f} s over {n_crit:.0f} critical actions")
+        points.append((float(plan.micro_batch), n_crit, m.step_time_s - pred0))
+    if not points:
+        say("pipeline actions carry no calibrated overhead")
         return profiles
-    # Durations stay >= 0: the overhead may remove at most the shortest action's modelled time.
-    g0 = pipe.graph(plan, cost0)
-    shortest = min((t.duration_s for t in g0.tasks if t.kind in ("F", "B", "W")), default=0.0)
-    x = fit_action_overhead(lambda v: pipe.predict(plan, cost_with(v))[0].step_time_s, m.step_time_s,
-                            -shortest, m.step_time_s)
-    pred0 = pipe.predict(plan, cost0)[0].step_time_s
-    say(f"pipeline calibration: measured {m.step_time_s:.3f} s, simulated {pred0:.3f} s; "
-        f"{x * 1e3:+.1f} ms per compute action")
+    fit = fit_action_residual(points)
+    say(f"pipeline calibration: {fit.intercept * 1e3:+.1f} ms {fit.slope * 1e3:+.2f} ms x micro-batch per compute action")
     models = {}
     for kind, prof in profiles.models.items():
-        prof = replace(prof, pipe_action_s={**prof.pipe_action_s, key: x})
+        prof = replace(prof, pipe_action_s={**prof.pipe_action_s, key: fit})
         save(prof, root / "profiles" / _safe(kind) / f"model-{_safe(workload.spec)}.json")
         models[kind] = prof
     return replace(profiles, models=models)

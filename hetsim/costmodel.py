@@ -123,14 +123,15 @@ class CostModel:
         part = self.fwd_s(dev, lo, hi, mb, precision) + self.bwd_s(dev, lo, hi, mb, precision)
         return self.overhead_s(dev, mb) * (part / whole_t if whole_t > 0 else 0.0)
 
-    def pipeline_action_s(self) -> float:
-        """Calibrated extra time of every compute action of a pipeline schedule on this cluster (0 when not
-        calibrated): torch.distributed.pipelining's per-action work, waits for peers and p2p, as one real
-        pipeline run measured it (`hetsim.calibrate.calibrate_pipeline`).  May be negative."""
+    def pipeline_action_s(self, mb: float) -> float:
+        """Calibrated extra time of every compute action of a pipeline schedule on this cluster at micro-batch
+        mb (0 when not calibrated): torch.distributed.pipelining's per-action work, waits for peers, p2p and
+        contention, as two real pipeline runs measured it (`hetsim.calibrate.calibrate_pipeline`).  May be
+        negative: it corrects the block timings too."""
         from hetsim.profiles import group_key
 
         key = group_key(self.cluster.devices)
-        vals = [m.pipe_action_s[key] for m in self.profiles.models.values() if key in m.pipe_action_s]
+        vals = [m.pipe_action_s[key](mb) for m in self.profiles.models.values() if key in m.pipe_action_s]
         return max(vals) if vals else 0.0
 
     def sync_residual_s(self, group: tuple[int, ...]) -> float:

@@ -75,10 +75,11 @@ class ModelProfile:
     sync_residual_s: dict[str, float] = field(default_factory=dict)
     """By group (`group_key`: each device's kind and speed): a real uniform data-parallel step on the whole cluster minus its simulated
     step (gradient synchronisation and contention between ranks that the bucket model misses)."""
-    pipe_action_s: dict[str, float] = field(default_factory=dict)
-    """By group (`group_key`): seconds added to every compute action of a pipeline schedule so that the
-    simulated step of one real pipeline run on the whole cluster equals its measured step (per-action
-    work of torch.distributed.pipelining, p2p waits, contention the block timings miss)."""
+    pipe_action_s: dict[str, Fit] = field(default_factory=dict)
+    """By group (`group_key`): seconds added to every compute action of a pipeline schedule, as a function
+    of its micro-batch size, so that the simulated steps of two real pipeline runs on the whole cluster
+    (one micro-batch; 2 per rank) equal their measured steps (per-action work of
+    torch.distributed.pipelining, p2p waits, contention and small-micro-batch costs the block timings miss)."""
 
     @property
     def param_count(self) -> int:

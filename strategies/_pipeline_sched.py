@@ -211,7 +211,7 @@ def add_pipeline(g: TaskGraph, cost: CostModel, devices: Sequence[int], boundari
     v = n_stages // n_ranks
     acts = rank_actions(schedule, n_ranks, m, v)
     dev_of = [devices[stage_rank(schedule, n_ranks, s)] for s in range(n_stages)]
-    extra = cost.pipeline_action_s()  # calibrated per compute action (hetsim.calibrate.calibrate_pipeline)
+    extra = cost.pipeline_action_s(micro)  # calibrated per compute action (hetsim.calibrate.calibrate_pipeline)
 
     # Pass 1: every task as a spec with symbolic dependencies; ids are known before adding.
     specs: list[tuple[str, str, float, tuple, str]] = []
@@ -449,7 +449,6 @@ def step_elements(cost: CostModel, lanes: Sequence[Lane], n_stages: int, precisi
     """
     nb = cost.facts.n_blocks
     prefix: dict[tuple[int, int], list[float]] = {}
-    per_action = 2 * cost.pipeline_action_s()  # a forward and a backward per micro-batch
 
     def pre(dev: int, micro: int) -> list[float]:
         key = (dev, micro)
@@ -471,7 +470,8 @@ def step_elements(cost: CostModel, lanes: Sequence[Lane], n_stages: int, precisi
             if need > cost.device(d).memory_bytes:
                 return None
             acc = pre(d, lane.micro)
-            c = acc[hi] - acc[lo] + cost.stage_overhead_s(d, lo, hi, lane.micro, precision) + per_action
+            c = (acc[hi] - acc[lo] + cost.stage_overhead_s(d, lo, hi, lane.micro, precision)
+                 + 2 * cost.pipeline_action_s(lane.micro))  # a forward and a backward
             link = 0.0
             if s + 1 < n_stages and lane.stage_devices[s + 1] != d:
                 nbytes = cost.blocks()[hi - 1].out_bytes_per_sample * lane.micro

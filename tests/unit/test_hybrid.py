@@ -71,7 +71,6 @@ def test_two_device_examples_are_valid():
 
 def test_search_space_gives_real_hybrids_and_says_when_the_cluster_has_none():
     import optuna
-
     from hetsim.strategies.base import SearchContext
 
     cost = synthetic_cost([1.0, 0.5, 1.0, 0.5, 1.0, 1.0], [1e-3] * 8)

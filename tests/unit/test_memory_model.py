@@ -234,12 +234,12 @@ def test_pipeline_rank_peaks_in_the_optimizer_step_when_its_activations_are_smal
     parameter (foreach=False), which MemTracker showed on the last resnet50 stage (18 MiB)."""
     from dataclasses import replace
 
+    from hetsim.strategies._pipeline_sched import rank_actions, rank_memory
+    from pipeline_synth import synthetic_cost
+
     from hetsim.costmodel import CostModel
     from hetsim.memory import optimizer_step_temp_bytes
     from hetsim.profiles import ProfileSet
-    from hetsim.strategies._pipeline_sched import rank_actions, rank_memory
-
-    from pipeline_synth import synthetic_cost
 
     base = synthetic_cost([1.0, 1.0], [1e-3] * 4, act_bytes=[1.0] * 4, param_counts=[1000, 1000, 1000, 250_000])
     model = next(iter(base.profiles.models.values()))

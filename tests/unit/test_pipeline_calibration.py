@@ -5,20 +5,22 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hetsim.strategies.base import SearchContext
 from pipeline_synth import synthetic_cost
 
 from hetsim import strategies
-from hetsim.calibrate import fit_action_overhead
+from hetsim.calibrate import fit_action_residual
 from hetsim.costmodel import CostModel
 from hetsim.profiles import group_key
-from hetsim.strategies.base import SearchContext
+from hetsim.types import Fit
 
 PIPE = strategies.get("pipeline")
 
 
-def _with_action_s(cost: CostModel, x: float) -> CostModel:
+def _with_action_s(cost: CostModel, x: float, per_sample: float = 0.0) -> CostModel:
     key = group_key(cost.cluster.devices)
-    models = {k: replace(p, pipe_action_s={key: x}) for k, p in cost.profiles.models.items()}
+    fit = Fit(intercept=x, slope=per_sample)
+    models = {k: replace(p, pipe_action_s={key: fit}) for k, p in cost.profiles.models.items()}
     return CostModel(cost.cluster, replace(cost.profiles, models=models), cost.optimizer)
 
 
@@ -34,17 +36,19 @@ def test_every_compute_action_carries_the_calibrated_term():
     assert 0.10 - 1e-9 <= d <= 0.16 + 1e-9
 
 
-def test_fitted_overhead_reproduces_the_measured_step():
+def test_fitted_residual_reproduces_both_calibration_runs():
     cost = synthetic_cost([1.0, 0.5], [1e-3] * 4, p2p_s_per_byte=1e-8)
-    plan = PIPE.solve(cost, (0, 1), schedule="1F1B", microbatches=4, batch=16)
-
-    def sim(x: float) -> float:
-        return PIPE.predict(plan, _with_action_s(cost, x))[0].step_time_s
-
-    truth = 0.004
-    x = fit_action_overhead(sim, sim(truth), -0.001, 1.0)
-    assert x == pytest.approx(truth, abs=1e-6)
-    assert fit_action_overhead(sim, 0.0, -0.001, 1.0) == -0.001  # clipped: nothing is that fast
+    truth = (0.004, 0.0005)
+    points = []
+    for m in (1, 4):
+        plan = PIPE.solve(cost, (0, 1), schedule="1F1B" if m >= 2 else "GPipe", microbatches=m, batch=16)
+        base = PIPE.predict(plan, cost)[0].step_time_s
+        n = (PIPE.predict(plan, _with_action_s(cost, 1e-3))[0].step_time_s - base) / 1e-3
+        measured = PIPE.predict(plan, _with_action_s(cost, *truth))[0].step_time_s
+        points.append((float(plan.micro_batch), n, measured - base))
+    fit = fit_action_residual(points)
+    assert fit.intercept == pytest.approx(truth[0], rel=1e-3) and fit.slope == pytest.approx(truth[1], rel=1e-3)
+    assert fit_action_residual(points[:1]).slope == 0.0  # one run: a constant
 
 
 def test_ddp_explains_which_device_cannot_hold_the_training_state():
