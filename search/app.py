@@ -138,8 +138,11 @@ def _run(opts: Options, console: Console, stop: StopFlag) -> int:
             r for n in opts.strategies for r in infeasible_reasons(study, n)))[:3]))
     _, skipped = searchable(ctx, list(opts.strategies))
     notes += [f"{name} was not searched: it {why}" for name, why in skipped.items()]
+    never = ddp.why_never_fits(ctx)  # data parallelism cannot fit: say which device, how far over
+    if never is not None:
+        notes.append(never)
     for name in opts.strategies:
-        if name in skipped:
+        if name in skipped or (name == "ddp" and never is not None):
             continue
         if not any(c.plan.strategy == name for c in cands):
             reasons = infeasible_reasons(study, name)
@@ -148,9 +151,6 @@ def _run(opts: Options, console: Console, stop: StopFlag) -> int:
 
                 top, count = Counter(reasons).most_common(1)[0]
                 notes.append(f"{name} was infeasible in every trial ({len(reasons)}); most often ({count}x): {top}")
-    never = ddp.why_never_fits(ctx)
-    if never is not None:
-        notes.append(never)
     if not base_pred.feasible:
         notes.append("the uniform data-parallel baseline does not fit: " + "; ".join(base_pred.violations))
 
