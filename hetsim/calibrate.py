@@ -10,6 +10,7 @@ from pathlib import Path
 from hetsim.cluster import Cluster
 from hetsim.errors import ProfileMismatchError
 from hetsim.profiles import CommProfile, DeviceProfile, ModelProfile, ProfileSet, load, save
+from hetsim.types import Fit
 
 Say = Callable[[str], None]
 
@@ -117,6 +118,7 @@ def obtain_profiles(cluster: Cluster, workload, *, root: Path, global_batch: int
     profiles = ProfileSet(models=models, devices=devices, comm=comm)
     if cluster.links is None and n > 1 and all(d.backend != "catalog" for d in cluster.devices):
         profiles = calibrate_sync(cluster, workload, profiles, root, say)
+        profiles = calibrate_pipeline(cluster, workload, profiles, root, say, global_batch)
     return profiles
 
 
@@ -149,6 +151,96 @@ def calibrate_sync(cluster: Cluster, workload, profiles: ProfileSet, root: Path,
     models = {}
     for kind, prof in profiles.models.items():
         prof = replace(prof, sync_residual_s={**prof.sync_residual_s, key: residual})
+        save(prof, root / "profiles" / _safe(kind) / f"model-{_safe(workload.spec)}.json")
+        models[kind] = prof
+    return replace(profiles, models=models)
+
+
+def fit_action_residual(points: list[tuple[float, float, float]]) -> Fit:
+    """Per-action residual a + b * micro from (micro-batch size, actions on the critical path, step
+    residual) of real runs: each run's residual spread over its critical actions, then a line through
+    the per-action values (a constant from one run)."""
+    from hetsim.types import Fit
+
+    per = [(mb, r / n) for mb, n, r in points if n > 0]
+    if not per:
+        return Fit(intercept=0.0, slope=0.0)
+    if len(per) == 1 or len({mb for mb, _ in per}) == 1:
+        return Fit(intercept=sum(e for _, e in per) / len(per), slope=0.0)
+    (m1, e1), (m2, e2) = per[0], per[-1]
+    b = (e2 - e1) / (m2 - m1)
+    return Fit(intercept=e1 - b * m1, slope=b)
+
+
+def calibration_pipeline_plans(cost, global_batch: int, min_micro: int) -> list:
+    """The pipeline runs that calibrate the per-action term: every device in order, one stage each,
+    boundaries solved as the search would; one micro-batch (the largest micro-batch, model
+    parallelism), then 1F1B with 2 micro-batches per rank where the batch allows (fill, steady state
+    and drain all occur at a small micro-batch)."""
+    from hetsim.errors import InfeasiblePlanError
+    from hetsim.strategies.pipeline import Pipeline
+
+    P = len(cost.cluster.devices)
+    out = []
+    ms = [m for m in (2 * P, P, 2) if global_batch % m == 0 and global_batch // m >= min_micro]
+    for m in [1] + ms[:1]:
+        try:
+            out.append(Pipeline().solve(cost, tuple(range(P)), schedule="1F1B" if m >= P else "GPipe",
+                                        microbatches=m, batch=global_batch))
+        except InfeasiblePlanError:
+            continue
+    return out
+
+
+def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
+                       global_batch: int) -> ProfileSet:
+    """Run two short real pipelines on the whole cluster and record the per-compute-action residual
+    (a + b * micro-batch, like `calibrate_residual` per data-parallel micro-step) that makes their
+    simulated steps equal the measured ones: torch.distributed.pipelining's per-action work, p2p
+    waits, contention between ranks and small-micro-batch costs that isolated block timings miss."""
+    from dataclasses import replace
+
+    from hetsim.costmodel import CostModel
+    from hetsim.profiles import group_key
+    from hetsim.runner import measure
+    from hetsim.strategies.pipeline import Pipeline
+    from hetsim.types import Fit
+
+    key = group_key(cluster.devices)
+    if all(key in m.pipe_action_s for m in profiles.models.values()):
+        return profiles
+    if len(next(iter(profiles.models.values())).blocks) < len(cluster.devices):
+        return profiles  # fewer blocks than devices: no pipeline over the whole cluster
+
+    def cost_with(fit: Fit) -> CostModel:
+        models = {k: replace(p, pipe_action_s={**p.pipe_action_s, key: fit}) for k, p in profiles.models.items()}
+        return CostModel(cluster, replace(profiles, models=models), workload.optimizer,
+                         has_batchnorm=workload.has_batchnorm)
+
+    zero = Fit(intercept=0.0, slope=0.0)
+    cost0 = cost_with(zero)
+    pipe = Pipeline()
+    points = []
+    for plan in calibration_pipeline_plans(cost0, global_batch, 2 if workload.has_batchnorm else 1):
+        say(f"calibrating pipeline actions: a real {pipe.label(plan)} step on all {len(cluster.devices)} devices")
+        m = measure(plan, cluster=cluster, workload_spec=workload.spec, optimizer=workload.optimizer, steps=6,
+                    warmup=3, timeout_s=600)
+        if m.status != "ok" or m.step_time_s is None:
+            say(f"pipeline calibration run failed ({m.status})")
+            continue
+        pred0 = pipe.predict(plan, cost0)[0].step_time_s
+        delta = 1e-3  # actions on the critical path: how much 1 ms more per action lengthens the step
+        n_crit = (pipe.predict(plan, cost_with(Fit(intercept=delta, slope=0.0)))[0].step_time_s - pred0) / delta
+        say(f"  measured {m.step_time_s:.3f} s, simulated {pred0:.3f} s over {n_crit:.0f} critical actions")
+        points.append((float(plan.micro_batch), n_crit, m.step_time_s - pred0))
+    if not points:
+        say("pipeline actions carry no calibrated overhead")
+        return profiles
+    fit = fit_action_residual(points)
+    say(f"pipeline calibration: {fit.intercept * 1e3:+.1f} ms {fit.slope * 1e3:+.2f} ms x micro-batch per compute action")
+    models = {}
+    for kind, prof in profiles.models.items():
+        prof = replace(prof, pipe_action_s={**prof.pipe_action_s, key: fit})
         save(prof, root / "profiles" / _safe(kind) / f"model-{_safe(workload.spec)}.json")
         models[kind] = prof
     return replace(profiles, models=models)

@@ -135,6 +135,25 @@ class CostModel:
         scale = 1.0 if self.device(dev).backend == "emulated" else mult
         return max(0.0, (prof.step_overhead_s + extra) * scale)
 
+    def stage_overhead_s(self, dev: int, lo: int, hi: int, mb: float, precision: str = "fp32") -> float:
+        """The share of `overhead_s(dev, mb)` that a pipeline stage of blocks lo..hi carries per micro-batch:
+        in proportion to its block time, so a one-stage pipeline costs what a data-parallel micro-step does."""
+        whole_t = self.fwd_s(dev, 0, self.facts.n_blocks, mb, precision) + self.bwd_s(dev, 0, self.facts.n_blocks, mb,
+                                                                                     precision)
+        part = self.fwd_s(dev, lo, hi, mb, precision) + self.bwd_s(dev, lo, hi, mb, precision)
+        return self.overhead_s(dev, mb) * (part / whole_t if whole_t > 0 else 0.0)
+
+    def pipeline_action_s(self, mb: float) -> float:
+        """Calibrated extra time of every compute action of a pipeline schedule on this cluster at micro-batch
+        mb (0 when not calibrated): torch.distributed.pipelining's per-action work, waits for peers, p2p and
+        contention, as two real pipeline runs measured it (`hetsim.calibrate.calibrate_pipeline`).  May be
+        negative: it corrects the block timings too."""
+        from hetsim.profiles import group_key
+
+        key = group_key(self.cluster.devices)
+        vals = [m.pipe_action_s[key](mb) for m in self.profiles.models.values() if key in m.pipe_action_s]
+        return max(vals) if vals else 0.0
+
     def sync_residual_s(self, group: tuple[int, ...]) -> float:
         """Calibrated extra time of a data-parallel gradient synchronisation over this group."""
         if len(group) <= 1:

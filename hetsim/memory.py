@@ -160,6 +160,9 @@ class _BlockActs:
     """Bytes block k keeps from its forward until its backward."""
     full: list[float]
     """Bytes block k holds while it runs backward (recomputed when checkpointed)."""
+    shared: list[float]
+    """Bytes of block k's saved input that are the previous block's saved output (one storage,
+    subtracted from `kept` and `full`); a pipeline stage's first block owns its received input."""
 
 
 def _block_activations(cost: CostModel, mb: float, precision: str, ckpt: int) -> _BlockActs:
@@ -181,13 +184,33 @@ def _block_activations(cost: CostModel, mb: float, precision: str, ckpt: int) ->
             extra = max(0.0, sum(act) - whole(mb))
             share = min(1.0, extra / boundary)
             overlap = [0.0] + [share * b for b in inp[1:]]
-    kept, full = [], []
+    kept, full, shared = [], [], []
     for k in range(n):
         # Only a block that is not checkpointed saves its output for the next block to share.
         ovl = overlap[k] if k >= 1 and k - 1 >= ckpt else 0.0
         kept.append(max(0.0, (inp[k] if k < ckpt else act[k]) - ovl))
         full.append(max(0.0, act[k] - ovl))
-    return _BlockActs(kept, full)
+        shared.append(ovl)
+    return _BlockActs(kept, full, shared)
+
+
+block_activations = _block_activations
+"""Per block: bytes kept from forward to backward, held during its backward, shared with the previous block."""
+
+
+def optimizer_step_temp_bytes(optimizer: str, param_numels) -> int:
+    """Temporaries of hetsim's optimizer step (`foreach=False`, one parameter at a time).
+
+    Adam/AdamW compute `(exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)`: two fresh tensors of
+    the parameter's size at once, so the step's peak adds twice the largest parameter (seen with
+    MemTracker: the last resnet50 stage's optimizer category was 18 MiB over its state, twice its
+    9 MiB 3x3 convolution weight).  SGD with momentum updates in place.  It matters where the
+    activations are small: a pipeline's last stages peak in the optimizer step, not in backward.
+    """
+    numels = list(param_numels)
+    if not numels or optimizer not in ("adam", "adamw"):
+        return 0
+    return 2 * 4 * max(numels)
 
 
 def temporaries_bytes(cost: CostModel, mb: float, precision: str) -> float:

@@ -70,6 +70,8 @@ class ModelProfile:
     memory: MemoryCalibration | None = None
     """Whole-model memory calibration (None in profiles recorded without one)."""
     calib_residual_s: Fit | None = None
+    """Measured real step minus the block-sum prediction, per micro-step, vs micro-batch: what
+    isolated block timings miss in the real executor (DDP hooks, loss, zero_grad, Python)."""
     grad_cosine: dict[str, float] = field(default_factory=dict)
     """Per low precision: cosine between its gradient and the fp32 gradient of one batch on this
     device kind (measured at profiling).  Empty in profiles recorded without it."""
@@ -80,8 +82,11 @@ class ModelProfile:
     sync_residual_s: dict[str, float] = field(default_factory=dict)
     """By group (`group_key`: each device's kind and speed): a real uniform data-parallel step on the whole cluster minus its simulated
     step (gradient synchronisation and contention between ranks that the bucket model misses)."""
-    """Measured real step minus the block-sum prediction, per micro-step, vs micro-batch: what
-    isolated block timings miss in the real executor (DDP hooks, loss, zero_grad, Python)."""
+    pipe_action_s: dict[str, Fit] = field(default_factory=dict)
+    """By group (`group_key`): seconds added to every compute action of a pipeline schedule, as a function
+    of its micro-batch size, so that the simulated steps of two real pipeline runs on the whole cluster
+    (one micro-batch; 2 per rank) equal their measured steps (per-action work of
+    torch.distributed.pipelining, p2p waits, contention and small-micro-batch costs the block timings miss)."""
 
     @property
     def param_count(self) -> int:

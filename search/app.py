@@ -27,6 +27,7 @@ from .study import (
     infeasible_reasons,
     open_study,
     run_search,
+    searchable,
     store_measurement,
     stored_measurement,
 )
@@ -135,7 +136,14 @@ def _run(opts: Options, console: Console, stop: StopFlag) -> int:
     if not cands:
         notes.append("no feasible plan was found: " + "; ".join(sorted(set(
             r for n in opts.strategies for r in infeasible_reasons(study, n)))[:3]))
+    _, skipped = searchable(ctx, list(opts.strategies))
+    notes += [f"{name} was not searched: it {why}" for name, why in skipped.items()]
+    never = ddp.why_never_fits(ctx)  # data parallelism cannot fit: say which device, how far over
+    if never is not None:
+        notes.append(never)
     for name in opts.strategies:
+        if name in skipped or (name == "ddp" and never is not None):
+            continue
         if not any(c.plan.strategy == name for c in cands):
             reasons = infeasible_reasons(study, name)
             if reasons:

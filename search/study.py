@@ -58,7 +58,16 @@ def _constraints(trial: optuna.trial.FrozenTrial) -> tuple[float]:
     return (float(trial.user_attrs.get("constraint", 1.0)),)
 
 
+def searchable(ctx: SearchContext, names: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The families that have plans on ctx's cluster, and why each other one has none."""
+    skipped = {n: r for n in names if (r := strategies.get(n).unavailable(ctx)) is not None}
+    kept = [n for n in names if n not in skipped]
+    return (kept, skipped) if kept else (list(names), {})
+
+
 def make_objective(ctx: SearchContext, names: list[str]) -> Callable[[optuna.Trial], float]:
+    names, _ = searchable(ctx, names)
+
     def objective(trial: optuna.Trial) -> float:
         name = trial.suggest_categorical("strategy", names) if len(names) > 1 else names[0]
         strat = strategies.get(name)

@@ -211,6 +211,7 @@ def add_pipeline(g: TaskGraph, cost: CostModel, devices: Sequence[int], boundari
     v = n_stages // n_ranks
     acts = rank_actions(schedule, n_ranks, m, v)
     dev_of = [devices[stage_rank(schedule, n_ranks, s)] for s in range(n_stages)]
+    extra = cost.pipeline_action_s(micro)  # calibrated per compute action (hetsim.calibrate.calibrate_pipeline)
 
     # Pass 1: every task as a spec with symbolic dependencies; ids are known before adding.
     specs: list[tuple[str, str, float, tuple, str]] = []
@@ -234,7 +235,7 @@ def add_pipeline(g: TaskGraph, cost: CostModel, devices: Sequence[int], boundari
             lo, hi = boundaries[s], boundaries[s + 1]
             lbl = f"{tag}{a}"
             if a.kind == "F":
-                dur = cost.fwd_s(d, lo, hi, micro, precision) + cost.overhead_s(d)
+                dur = cost.fwd_s(d, lo, hi, micro, precision) + cost.stage_overhead_s(d, lo, hi, micro, precision) + extra
                 spec(("F", s, j), res, "F", dur, (act_ready(s, j),) if s > 0 else (), lbl)
                 if s + 1 < n_stages and dev_of[s + 1] != d:
                     nbytes = cost.blocks()[hi - 1].out_bytes_per_sample * micro
@@ -243,7 +244,7 @@ def add_pipeline(g: TaskGraph, cost: CostModel, devices: Sequence[int], boundari
             elif a.kind in ("B", "I"):
                 bwd = cost.bwd_s(d, lo, hi, micro, precision)
                 share = 1.0 if a.kind == "B" else INPUT_GRAD_FRACTION
-                dur = share * bwd + cost.recompute_s(d, lo, hi, micro, precision, ckpt)
+                dur = share * bwd + cost.recompute_s(d, lo, hi, micro, precision, ckpt) + extra
                 deps = (("F", s, j),) + ((grad_ready(s, j),) if s + 1 < n_stages else ())
                 spec(("I", s, j), res, "B", dur, deps, lbl)
                 if s > 0 and dev_of[s - 1] != d:
@@ -251,7 +252,7 @@ def add_pipeline(g: TaskGraph, cost: CostModel, devices: Sequence[int], boundari
                     spec(("xb", s, j), f"link{d}->{dev_of[s - 1]}", "p2p", cost.p2p_s(nbytes, d, dev_of[s - 1]),
                          (("I", s, j),), f"{tag}grad {s}->{s - 1} mb{j}")
             else:  # W
-                dur = (1.0 - INPUT_GRAD_FRACTION) * cost.bwd_s(d, lo, hi, micro, precision)
+                dur = (1.0 - INPUT_GRAD_FRACTION) * cost.bwd_s(d, lo, hi, micro, precision) + extra
                 spec(("W", s, j), res, "W", dur, (("I", s, j),), lbl)
 
     # Pass 2: add them with resolved ids.
@@ -281,17 +282,60 @@ def stage_state(cost: CostModel, lo: int, hi: int) -> tuple[int, int, int]:
 
 def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence[int], micro: int,
                 precision: str, ckpt: int) -> MemoryBreakdown:
-    """Bytes one pipeline rank holds at its peak: its stages' state plus in-flight activations."""
+    """Bytes one pipeline rank holds at its peak.
+
+    Its stages' state (parameters, buffers, gradients, optimizer state) plus the largest of
+    - during an action, the activations of the micro-batches in flight (each stage keeps what its
+      blocks save, boundary tensors shared by adjacent blocks counted once, as `hetsim.memory`
+      models a whole step); during a backward, the stage's blocks sweep like a whole model's
+      (block k holds all it saved or recomputes) plus the calibrated temporaries of a backward;
+    - the optimizer step, after every activation is freed: its temporaries
+      (`optimizer_step_temp_bytes`), which is where a late stage with small activations peaks.
+    """
+    from hetsim.memory import block_activations, optimizer_step_temp_bytes, temporaries_bytes
+
     stages = sorted({a.stage for a in actions})
+    ba = block_activations(cost, micro, precision, ckpt)
     params = grads = optim = 0
-    act: dict[int, float] = {}
+    kept: dict[int, float] = {}
+    sweep: dict[int, float] = {}
+    numels: list[int] = []
+    wgrad: dict[int, float] = {}
     for s in stages:
         lo, hi = boundaries[s], boundaries[s + 1]
         p, gr, o = stage_state(cost, lo, hi)
         params, grads, optim = params + p, grads + gr, optim + o
-        act[s] = cost.act_bytes(lo, hi, micro, precision, ckpt)
+        # The stage's first block saves the received input: its own storage, not a shared one.
+        k_s = [ba.kept[k] + (ba.shared[k] if k == lo else 0.0) for k in range(lo, hi)]
+        f_s = [ba.full[k] + (ba.shared[k] if k == lo else 0.0) for k in range(lo, hi)]
+        kept[s] = sum(k_s)
+        before = worst = 0.0
+        for k_b, f_b in zip(k_s, f_s):
+            worst = max(worst, before + f_b)
+            before += k_b
+        sweep[s] = max(0.0, worst - kept[s])
+        numels += [n for b in cost.ref.blocks[lo:hi] for n in b.param_numels]
+        wgrad[s] = float(cost.param_bytes(lo, hi))
+    temps = temporaries_bytes(cost, micro, precision)
+    split = any(a.kind == "W" for a in actions)
+    held = 0.0
+    best = (0.0, float(optimizer_step_temp_bytes(cost.optimizer, numels)))  # (activations, other)
+    for a in actions:
+        if a.kind == "F":
+            held += kept[a.stage]
+            phase = (held, 0.0)
+        elif a.kind in ("B", "I"):
+            phase = (held + sweep[a.stage], temps)
+        else:
+            # A split weight gradient (torch.autograd.grad) returns fresh gradients of the whole stage
+            # before they are accumulated: measured 2x the stage's parameters (resnet50, ZBVZeroBubble).
+            phase = (held, 2.0 * wgrad[a.stage])
+        if sum(phase) > sum(best):
+            best = phase
+        if a.kind == ("W" if split else "B"):
+            held -= kept[a.stage]
     return MemoryBreakdown(params_bytes=params, grads_bytes=grads, optim_bytes=optim,
-                           activations_bytes=int(peak_inflight(actions, act)))
+                           activations_bytes=int(best[0]), other_bytes=int(best[1]))
 
 
 # ----------------------------------------------------------------------------- boundaries
@@ -426,7 +470,8 @@ def step_elements(cost: CostModel, lanes: Sequence[Lane], n_stages: int, precisi
             if need > cost.device(d).memory_bytes:
                 return None
             acc = pre(d, lane.micro)
-            c = acc[hi] - acc[lo] + cost.overhead_s(d)
+            c = (acc[hi] - acc[lo] + cost.stage_overhead_s(d, lo, hi, lane.micro, precision)
+                 + 2 * cost.pipeline_action_s(lane.micro))  # a forward and a backward
             link = 0.0
             if s + 1 < n_stages and lane.stage_devices[s + 1] != d:
                 nbytes = cost.blocks()[hi - 1].out_bytes_per_sample * lane.micro

@@ -88,6 +88,10 @@ class Strategy(ABC):
         """Suggest the outer knobs with `trial`, solve the inner ones exactly, return a plan.
         Raise InfeasiblePlanError when no valid plan exists for these choices."""
 
+    def unavailable(self, ctx: SearchContext) -> str | None:
+        """Why this family has no plan at all on ctx's cluster (the search then skips it), or None."""
+        return None
+
     @abstractmethod
     def graph(self, plan: Plan, cost: CostModel) -> TaskGraph:
         """The plan's step as tasks on per-device resources, in program order."""

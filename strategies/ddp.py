@@ -279,6 +279,29 @@ class DDP(Strategy):
         return data_parallel_graph(cost, plan.devices, plan.local_batch, plan.accum_steps, plan.precision,
                                    plan.checkpoint_blocks, [count] * len(plan.devices))
 
+    def why_never_fits(self, ctx: SearchContext) -> str | None:
+        """When no device can hold even the smallest data-parallel footprint (the whole training state,
+        one smallest micro-batch, every block checkpointed): which device, how many bytes over; else None."""
+        cost = ctx.cost
+        micro = max(ctx.min_local_batch, 2 if cost.facts.has_batchnorm else 1)
+        n = cost.facts.n_blocks
+        parts = []
+        for d in range(cost.n_devices):
+            m = data_parallel_memory(cost, d, micro, "fp32", n if ctx.checkpointing else 0)
+            cap = cost.device(d).memory_bytes
+            if m.total_bytes <= cap:
+                return None
+            mib = 2**20
+            parts.append(
+                f"device {d} needs {m.total_bytes / mib:.0f} MiB, capacity {cap / mib:.0f} MiB "
+                f"({(m.total_bytes - cap) / mib:.0f} MiB over: params {m.params_bytes / mib:.0f} + grads "
+                f"{m.grads_bytes / mib:.0f} + {cost.optimizer} state {m.optim_bytes / mib:.0f} MiB before "
+                f"{(m.activations_bytes + m.other_bytes) / mib:.0f} MiB of activations and temporaries)"
+            )
+        return ("ddp infeasible: every data-parallel replica holds the whole training state, and even with "
+                f"{micro} sample(s) per micro-batch{' and every block checkpointed' if ctx.checkpointing else ''}, "
+                + "; ".join(parts) + ". Split the state: pipeline stages or ZeRO/FSDP sharding")
+
     def memory(self, plan: DDPPlan, cost) -> tuple[MemoryBreakdown, ...]:
         return tuple(
             data_parallel_memory(cost, d, -(-b // plan.accum_steps), plan.precision, plan.checkpoint_blocks)

@@ -29,7 +29,6 @@ from . import register
 from ._pipeline_sched import (
     Lane,
     add_pipeline,
-    available_schedules,
     divisors,
     inflight_counts,
     rank_actions,
@@ -43,9 +42,10 @@ from .base import Plan, SearchContext, Strategy, WorkerContext
 from .ddp import choose_common
 from .pipeline import (
     check_common,
+    choose_microbatches,
+    choose_schedule,
     choose_stages_per_rank,
     knobs_label,
-    micro_choices,
     min_micro,
     ordered_devices,
     stages_label,
@@ -90,6 +90,11 @@ class HybridPlan(Plan):
 
     def stage_device(self, replica: int, stage: int) -> int:
         return self.replica_devices(replica)[stage_rank(self.schedule, self.pipeline_ranks, stage)]
+
+
+def shapes(n_devices: int, n_blocks: int) -> list[tuple[int, int]]:
+    """(replicas, pipeline ranks) with at least 2 of each that fit the cluster and the model's blocks."""
+    return [(r, p) for p in range(2, min(n_devices, n_blocks) + 1) for r in range(2, n_devices // p + 1)]
 
 
 def _stage_devices(schedule: str, devs: tuple[int, ...], n_stages: int) -> tuple[int, ...]:
@@ -153,21 +158,25 @@ class Hybrid(Strategy):
     plan_type = HybridPlan
     display_name = "data-parallel pipelines"
 
+    def unavailable(self, ctx: SearchContext) -> str | None:
+        if not shapes(ctx.cost.n_devices, ctx.cost.facts.n_blocks):
+            return (f"needs at least 4 devices (2 replicas x 2 pipeline ranks) and 2 blocks; the cluster has "
+                    f"{ctx.cost.n_devices} device(s) (one replica is `pipeline`, one rank per replica is `ddp`)")
+        return None
+
     def space(self, trial, ctx: SearchContext) -> HybridPlan:
-        devices = ordered_devices(trial, ctx)
-        n = len(devices)
-        P = trial.suggest_categorical("pipeline_ranks", list(range(1, ctx.cost.n_devices + 1)))
-        if n % P or n // P < 2 or P < 2:
-            raise InfeasiblePlanError(
-                f"{n} devices do not make >= 2 replicas of a >= 2-rank pipeline with {P} ranks "
-                "(one replica is `pipeline`, one rank is `ddp`)"
-            )
-        schedule = trial.suggest_categorical("schedule", list(ctx.extra.get("pipeline_schedules",
-                                                                             available_schedules())))
-        v = choose_stages_per_rank(trial, schedule)
-        m = trial.suggest_categorical("microbatches", micro_choices(ctx, min_micro(ctx)) or [1])
+        # The shape first, from the shapes the cluster allows, then exactly R x P devices: every
+        # trial is a real hybrid (a yes/no per device and a free rank count mostly were not).
+        choices = shapes(ctx.cost.n_devices, ctx.cost.facts.n_blocks)
+        if not choices:
+            raise InfeasiblePlanError(f"hybrid {self.unavailable(ctx)}")
+        R, P = map(int, trial.suggest_categorical("shape", [f"{r}x{p}" for r, p in choices]).split("x"))
+        devices = ordered_devices(trial, ctx, count=R * P)
+        schedule = choose_schedule(trial, ctx, P)
+        v = choose_stages_per_rank(trial, schedule, P, ctx.cost.facts.n_blocks)
+        m = choose_microbatches(trial, ctx, schedule, P, v, replicas=R)
         precision, ckpt = choose_common(trial, ctx, devices)
-        return self.solve(ctx.cost, devices, replicas=n // P, schedule=schedule, stages_per_rank=v, microbatches=m,
+        return self.solve(ctx.cost, devices, replicas=R, schedule=schedule, stages_per_rank=v, microbatches=m,
                           global_batch=ctx.global_batch, precision=precision, checkpoint_blocks=ckpt,
                           min_micro_size=min_micro(ctx))
 

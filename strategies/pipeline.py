@@ -38,7 +38,7 @@ from ._pipeline_sched import (
     stage_rank,
 )
 from .base import Plan, SearchContext, Strategy, WorkerContext
-from .ddp import choose_common, choose_devices
+from .ddp import choose_common
 
 if TYPE_CHECKING:
     from hetsim.costmodel import CostModel
@@ -81,21 +81,59 @@ class PipelinePlan(Plan):
 # ----------------------------------------------------------------------------- search helpers (shared with hybrid)
 
 
-def ordered_devices(trial, ctx: SearchContext) -> tuple[int, ...]:
-    """Which devices (one yes/no each) and their order (a random key each, sorted)."""
-    used = choose_devices(trial, ctx)
-    if len(used) == 1:
-        return used
-    keys = {d: trial.suggest_float(f"order_dev{d}", 0.0, 1.0) for d in used}
-    return tuple(sorted(used, key=lambda d: (keys[d], d)))
+def ordered_devices(trial, ctx: SearchContext, count: int | None = None) -> tuple[int, ...]:
+    """`count` devices (asked for when None) in an order: a random key per device of the cluster,
+    the devices with the `count` lowest keys, in key order.  Every trial gets a valid choice (one
+    yes/no per device wasted trials on choosing none, or a count no shape divides)."""
+    n = ctx.cost.n_devices
+    if count is None:
+        count = trial.suggest_int("n_devices", 1, n) if n > 1 else 1
+    if n == 1:
+        return (0,)
+    keys = {d: trial.suggest_float(f"order_dev{d}", 0.0, 1.0) for d in range(n)}
+    return tuple(sorted(range(n), key=lambda d: (keys[d], d))[:count])
 
 
-def choose_stages_per_rank(trial, schedule: str) -> int:
+def choose_microbatches(trial, ctx: SearchContext, schedule: str, ranks: int, v: int, replicas: int = 1) -> int:
+    """A micro-batch count the schedule accepts on `ranks` x `v` stages and that leaves every one of
+    `replicas` replicas enough samples per micro-batch; the choices depend on those, so the parameter's
+    name does too (Optuna's distributions must not change under one name)."""
+    floor = min_micro(ctx) * replicas
+    ok = []
+    for m in micro_choices(ctx, 1):
+        if ctx.global_batch // m < floor:
+            continue
+        try:
+            rank_actions(schedule, ranks, m, v)
+        except InfeasiblePlanError:
+            continue
+        ok.append(m)
+    if not ok:
+        raise InfeasiblePlanError(
+            f"no micro-batch count of the global batch {ctx.global_batch} suits {schedule} on {ranks} rank(s) x {v} "
+            f"stage(s) with {replicas} replica(s) of >= {min_micro(ctx)} samples per micro-batch"
+        )
+    return trial.suggest_categorical(f"microbatches_{replicas}x{ranks}_{schedule}_v{v}", ok)
+
+
+def choose_schedule(trial, ctx: SearchContext, ranks: int) -> str:
+    """A schedule whose stage count fits the model on `ranks` ranks (multi-stage ones need 2 blocks per rank)."""
+    offered = list(ctx.extra.get("pipeline_schedules", available_schedules()))
+    if ranks == 1 and "GPipe" in offered:
+        # One device: every schedule computes the same thing (ZBVZeroBubble only costs more memory):
+        # offer one, so that the top candidates are not the same run under several names.
+        return trial.suggest_categorical("schedule_r1", ["GPipe"])
+    fits = [s for s in offered if s in SINGLE_STAGE or 2 * ranks <= ctx.cost.facts.n_blocks] or offered
+    return trial.suggest_categorical("schedule" if fits == offered else f"schedule_r{ranks}", fits)
+
+
+def choose_stages_per_rank(trial, schedule: str, ranks: int = 1, n_blocks: int = 1 << 30) -> int:
     if schedule in SINGLE_STAGE:
         return 1
     if schedule in V_SHAPED:
         return 2
-    return trial.suggest_categorical("stages_per_rank", [2, 3, 4])
+    fits = [v for v in (2, 3, 4) if v * ranks <= n_blocks] or [2]
+    return trial.suggest_categorical("stages_per_rank" if len(fits) == 3 else f"stages_per_rank_r{ranks}", fits)
 
 
 def micro_choices(ctx: SearchContext, min_micro: int) -> list[int]:
@@ -161,10 +199,9 @@ class Pipeline(Strategy):
 
     def space(self, trial, ctx: SearchContext) -> PipelinePlan:
         devices = ordered_devices(trial, ctx)
-        schedules = list(ctx.extra.get("pipeline_schedules", available_schedules()))
-        schedule = trial.suggest_categorical("schedule", schedules)
-        v = choose_stages_per_rank(trial, schedule)
-        m = trial.suggest_categorical("microbatches", micro_choices(ctx, min_micro(ctx)) or [1])
+        schedule = choose_schedule(trial, ctx, len(devices))
+        v = choose_stages_per_rank(trial, schedule, len(devices), ctx.cost.facts.n_blocks)
+        m = choose_microbatches(trial, ctx, schedule, len(devices), v)
         precision, ckpt = choose_common(trial, ctx, devices)
         return self.solve(ctx.cost, devices, schedule=schedule, stages_per_rank=v, microbatches=m,
                           batch=ctx.global_batch, precision=precision, checkpoint_blocks=ckpt)

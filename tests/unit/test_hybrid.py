@@ -67,3 +67,27 @@ def test_two_device_examples_are_valid():
     for p in plans:
         HYB.validate(p, cost)
         assert len(p.devices) == 2
+
+
+def test_search_space_gives_real_hybrids_and_says_when_the_cluster_has_none():
+    import optuna
+    from hetsim.strategies.base import SearchContext
+
+    cost = synthetic_cost([1.0, 0.5, 1.0, 0.5, 1.0, 1.0], [1e-3] * 8)
+    ctx = SearchContext(cost=cost, global_batch=32)
+    assert HYB.unavailable(ctx) is None
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    ok, reasons = 0, []
+    for _ in range(40):
+        trial = study.ask()
+        try:
+            plan = HYB.space(trial, ctx)
+            HYB.validate(plan, cost)
+            assert plan.replicas >= 2 and plan.pipeline_ranks >= 2
+            ok += 1
+        except InfeasiblePlanError as e:
+            reasons.append(str(e))
+        study.tell(trial, 0.0)
+    assert ok >= 36, reasons  # memory is ample here: every trial should be a plan
+    small = SearchContext(cost=synthetic_cost([1.0, 0.5], [1e-3] * 4), global_batch=32)
+    assert "at least 4 devices" in HYB.unavailable(small)

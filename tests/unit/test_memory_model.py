@@ -227,3 +227,30 @@ def test_one_device_needs_offload(make_cost):
     for p in plans:
         ZeRO().validate(p, cost)
     assert ZeRO().baseline(SearchContext(cost=cost, global_batch=8)) is None
+
+
+def test_pipeline_rank_peaks_in_the_optimizer_step_when_its_activations_are_small():
+    """A late stage with tiny activations peaks in AdamW's step: two temporaries of its largest
+    parameter (foreach=False), which MemTracker showed on the last resnet50 stage (18 MiB)."""
+    from dataclasses import replace
+
+    from hetsim.strategies._pipeline_sched import rank_actions, rank_memory
+    from pipeline_synth import synthetic_cost
+
+    from hetsim.costmodel import CostModel
+    from hetsim.memory import optimizer_step_temp_bytes
+    from hetsim.profiles import ProfileSet
+
+    base = synthetic_cost([1.0, 1.0], [1e-3] * 4, act_bytes=[1.0] * 4, param_counts=[1000, 1000, 1000, 250_000])
+    model = next(iter(base.profiles.models.values()))
+    blocks = tuple(replace(b, param_numels=(b.param_count,)) for b in model.blocks)
+    model = replace(model, blocks=blocks)
+    cost = CostModel(base.cluster, ProfileSet(models={model.device_kind: model}, comm=base.profiles.comm), "adamw")
+    assert optimizer_step_temp_bytes("adamw", [3, 250_000]) == 2 * 4 * 250_000
+    assert optimizer_step_temp_bytes("sgd", [250_000]) == 0
+    acts = rank_actions("1F1B", 2, 2, 1)
+    last = rank_memory(cost, acts[1], (0, 2, 4), 1, "fp32", 0)
+    assert last.other_bytes == 2 * 4 * 250_000
+    assert last.activations_bytes == 0
+    first = rank_memory(cost, acts[0], (0, 2, 4), 1, "fp32", 0)
+    assert first.other_bytes == 2 * 4 * 1000  # its largest parameter; its activations are 2 bytes

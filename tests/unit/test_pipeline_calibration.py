@@ -1,0 +1,62 @@
+"""The calibrated per-action pipeline term, and why data parallelism cannot fit a cluster."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hetsim.strategies.base import SearchContext
+from pipeline_synth import synthetic_cost
+
+from hetsim import strategies
+from hetsim.calibrate import fit_action_residual
+from hetsim.costmodel import CostModel
+from hetsim.profiles import group_key
+from hetsim.types import Fit
+
+PIPE = strategies.get("pipeline")
+
+
+def _with_action_s(cost: CostModel, x: float, per_sample: float = 0.0) -> CostModel:
+    key = group_key(cost.cluster.devices)
+    fit = Fit(intercept=x, slope=per_sample)
+    models = {k: replace(p, pipe_action_s={key: fit}) for k, p in cost.profiles.models.items()}
+    return CostModel(cost.cluster, replace(cost.profiles, models=models), cost.optimizer)
+
+
+def test_every_compute_action_carries_the_calibrated_term():
+    cost = synthetic_cost([1.0, 0.5], [1e-3] * 4)
+    plan = PIPE.solve(cost, (0, 1), schedule="1F1B", microbatches=4, batch=16)
+    g0 = PIPE.graph(plan, cost)
+    g1 = PIPE.graph(plan, _with_action_s(cost, 0.01))
+    for a, b in zip(g0.tasks, g1.tasks):
+        assert b.duration_s == pytest.approx(a.duration_s + (0.01 if a.kind in ("F", "B", "W") else 0.0))
+    # 2 ranks x 4 micro-batches x (F + B), of which the critical path crosses at least 2 x 4 + 2.
+    d = PIPE.predict(plan, _with_action_s(cost, 0.01))[0].step_time_s - PIPE.predict(plan, cost)[0].step_time_s
+    assert 0.10 - 1e-9 <= d <= 0.16 + 1e-9
+
+
+def test_fitted_residual_reproduces_both_calibration_runs():
+    cost = synthetic_cost([1.0, 0.5], [1e-3] * 4, p2p_s_per_byte=1e-8)
+    truth = (0.004, 0.0005)
+    points = []
+    for m in (1, 4):
+        plan = PIPE.solve(cost, (0, 1), schedule="1F1B" if m >= 2 else "GPipe", microbatches=m, batch=16)
+        base = PIPE.predict(plan, cost)[0].step_time_s
+        n = (PIPE.predict(plan, _with_action_s(cost, 1e-3))[0].step_time_s - base) / 1e-3
+        measured = PIPE.predict(plan, _with_action_s(cost, *truth))[0].step_time_s
+        points.append((float(plan.micro_batch), n, measured - base))
+    fit = fit_action_residual(points)
+    assert fit.intercept == pytest.approx(truth[0], rel=1e-3) and fit.slope == pytest.approx(truth[1], rel=1e-3)
+    assert fit_action_residual(points[:1]).slope == 0.0  # one run: a constant
+
+
+def test_ddp_explains_which_device_cannot_hold_the_training_state():
+    # 4 blocks of 10M parameters: 160 MB of fp32 parameters + gradients + AdamW state per replica.
+    cost = synthetic_cost([1.0, 1.0], [1e-3] * 4, param_counts=[10_000_000] * 4, caps=["100M", "120M"])
+    text = strategies.get("ddp").why_never_fits(SearchContext(cost=cost, global_batch=8))
+    assert text.startswith("ddp infeasible")
+    assert "device 0 needs 763 MiB, capacity 100 MiB (663 MiB over: params 153 + grads 153 + adamw state 305" in text
+    assert "device 1 needs 763 MiB, capacity 120 MiB (643 MiB over" in text
+    roomy = synthetic_cost([1.0, 1.0], [1e-3] * 4, param_counts=[10_000_000] * 4, caps=["100M", "1G"])
+    assert strategies.get("ddp").why_never_fits(SearchContext(cost=roomy, global_batch=8)) is None
