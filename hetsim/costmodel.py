@@ -113,15 +113,18 @@ class CostModel:
     def fwd_s(self, dev: int, lo: int, hi: int, mb: float, precision: str = "fp32") -> float:
         if mb <= 0:
             return 0.0
-        prof, mult = self._scale[dev]
-        key, f = self.precision_factor(dev, precision)
-        return mult * f * sum(b.timing[key].fwd_s(mb) for b in prof.blocks[lo:hi])
+        return self.memo(("fwd", dev, lo, hi, mb, precision), lambda: self._blocks_s(dev, lo, hi, mb, precision, True))
 
     def bwd_s(self, dev: int, lo: int, hi: int, mb: float, precision: str = "fp32") -> float:
         if mb <= 0:
             return 0.0
+        return self.memo(("bwd", dev, lo, hi, mb, precision), lambda: self._blocks_s(dev, lo, hi, mb, precision, False))
+
+    def _blocks_s(self, dev: int, lo: int, hi: int, mb: float, precision: str, forward: bool) -> float:
         prof, mult = self._scale[dev]
         key, f = self.precision_factor(dev, precision)
+        if forward:
+            return mult * f * sum(b.timing[key].fwd_s(mb) for b in prof.blocks[lo:hi])
         return mult * f * sum(b.timing[key].bwd_s(mb) for b in prof.blocks[lo:hi])
 
     def overhead_s(self, dev: int, mb: float = 0.0) -> float:
@@ -148,10 +151,13 @@ class CostModel:
         mb (0 when not calibrated): torch.distributed.pipelining's per-action work, waits for peers, p2p and
         contention, as two real pipeline runs measured it (`hetsim.calibrate.calibrate_pipeline`).  May be
         negative: it corrects the block timings too."""
-        from hetsim.profiles import group_key
+        def fits():
+            from hetsim.profiles import group_key
 
-        key = group_key(self.cluster.devices)
-        vals = [m.pipe_action_s[key](mb) for m in self.profiles.models.values() if key in m.pipe_action_s]
+            key = group_key(self.cluster.devices)
+            return [m.pipe_action_s[key] for m in self.profiles.models.values() if key in m.pipe_action_s]
+
+        vals = [f(mb) for f in self.memo(("pipe_action_fits",), fits)]
         return max(vals) if vals else 0.0
 
     def sync_residual_s(self, group: tuple[int, ...]) -> float:
@@ -203,9 +209,13 @@ class CostModel:
         if self.cluster.links is None:
             comm = self._comm(n)
             return comm.allreduce_s(nbytes)
-        bw = min(self.cluster.links[a][b].bandwidth_bps for a in group for b in group if a != b)
-        lat = max(self.cluster.links[a][b].latency_s for a in group for b in group if a != b)
+        bw, lat = self.memo(("group_link", tuple(group)), lambda: self._group_link(group))
         return 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * lat
+
+    def _group_link(self, group) -> tuple[float, float]:
+        """(slowest bandwidth, highest latency) between the members of a group."""
+        pairs = [self.cluster.links[a][b] for a in group for b in group if a != b]
+        return min(p.bandwidth_bps for p in pairs), max(p.latency_s for p in pairs)
 
     def allgather_s(self, nbytes_total: float, group: tuple[int, ...]) -> float:
         """All-gather (or reduce-scatter) of a tensor whose full size is nbytes_total: half an all-reduce."""

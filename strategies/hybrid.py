@@ -143,8 +143,12 @@ def balance_replicas(cost: CostModel, lanes_devs: list[tuple[int, ...]], bounds:
         )
     k = [min_micro_size] * R
 
-    def t(i: int, micro: int) -> float:
-        return replica_time(cost, lanes_devs[i], bounds, micro, m, v, precision, ckpt, inflight, tail)
+    times: dict[tuple[int, int], float] = {}
+
+    def t(i: int, micro: int) -> float:  # each (replica, size) once: a round changes one replica's size
+        if (i, micro) not in times:
+            times[(i, micro)] = replica_time(cost, lanes_devs[i], bounds, micro, m, v, precision, ckpt, inflight, tail)
+        return times[(i, micro)]
 
     for _ in range(units - sum(k)):
         best = min(range(R), key=lambda i: (t(i, k[i] + 1), i))
