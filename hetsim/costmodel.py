@@ -170,6 +170,16 @@ class CostModel:
         vals = [m.sync_residual_s[key] for m in self.profiles.models.values() if key in m.sync_residual_s]
         return max(0.0, max(vals)) if vals else 0.0
 
+    def shard_residual_s(self, group: tuple[int, ...]) -> float:
+        """Calibrated extra time of a ZeRO-3 (FSDP) step over this group beyond `sync_residual_s`."""
+        if len(group) <= 1:
+            return 0.0
+        from hetsim.profiles import group_key
+
+        key = group_key([self.device(d) for d in group])
+        vals = [m.shard_residual_s[key] for m in self.profiles.models.values() if key in m.shard_residual_s]
+        return max(0.0, max(vals)) if vals else 0.0
+
     def opt_s(self, dev: int, param_count: float) -> float:
         prof, mult = self._scale[dev]
         fit = prof.opt_step_s.get(self.optimizer) or next(iter(prof.opt_step_s.values()))

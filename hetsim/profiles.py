@@ -82,6 +82,9 @@ class ModelProfile:
     sync_residual_s: dict[str, float] = field(default_factory=dict)
     """By group (`group_key`: each device's kind and speed): a real uniform data-parallel step on the whole cluster minus its simulated
     step (gradient synchronisation and contention between ranks that the bucket model misses)."""
+    shard_residual_s: dict[str, float] = field(default_factory=dict)
+    """By group (`group_key`): a real uniform FSDP (ZeRO-3) step on the whole cluster minus its simulated
+    step, sync residual included (what the per-block all-gather/reduce-scatter model misses)."""
     pipe_action_s: dict[str, Fit] = field(default_factory=dict)
     """By group (`group_key`): seconds added to every compute action of a pipeline schedule, as a function
     of its micro-batch size, so that the simulated steps of two real pipeline runs on the whole cluster

@@ -281,6 +281,8 @@ def _sharded_graph(plan: ZeROPlan, cost: CostModel) -> TaskGraph:
     # The calibrated contention of a data-parallel group (measured with DDP: ranks computing side
     # by side and gloo progressing on busy cores) applies to FSDP's group as well.
     sync = cost.sync_residual_s(devs)
+    if plan.zero_stage == 3:  # calibrated with a real ZeRO-3 step (hetsim.calibrate.calibrate_sharded)
+        sync += cost.shard_residual_s(devs)
     if sync and last_rs:
         last_rs = [g.add("comm", "sync", sync, list(last_rs), label="sync (calibrated)")]
     for d in devs:
