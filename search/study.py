@@ -102,11 +102,51 @@ def run_search(study: optuna.Study, ctx: SearchContext, names: list[str], trials
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if stop():  # Ctrl-C while profiling: keep what the study holds, run no trial
         return
+    if not study.trials:
+        seed_trials(study, ctx, names)
     # `trials` is the study's total: a resumed study runs only the missing ones.
     remaining = trials - len([t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE])
     if remaining > 0:
         study.optimize(objective, n_trials=remaining, callbacks=[*callbacks, check_stop], catch=(), gc_after_trial=False)
     del done
+
+
+def seed_trials(study: optuna.Study, ctx: SearchContext, names: list[str]) -> int:
+    """Start a fresh study with every family's own plans (its baseline and `examples`), predicted and
+    stored as completed trials, as one enqueues known configurations: the sampler starts from plans a
+    person would try, and no family is lost to a search that gave it few trials (seen: a 100-trial
+    search on two 300 MiB devices tried 26 pipeline plans and missed the one `examples` names, 9%
+    faster than the best plan it found).  Returns how many trials it added."""
+    names, _ = searchable(ctx, names)
+    dist = {"strategy": optuna.distributions.CategoricalDistribution(names)} if len(names) > 1 else {}
+    added, seen = 0, set()
+    for name in names:
+        strat = strategies.get(name)
+        try:
+            plans = ([] if (b := strat.baseline(ctx)) is None else [b]) + list(strat.examples(ctx))
+        except InfeasiblePlanError:
+            continue
+        for plan in plans:
+            key = plan_key(plan)
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                pred, _, _ = strat.predict(plan, ctx.cost)
+            except InfeasiblePlanError:
+                continue
+            if not math.isfinite(pred.samples_per_s):
+                continue
+            over = max((m - c) / c for m, c in zip(pred.peak_mem_bytes, pred.capacity_bytes))
+            constraint = min(0.0, over) if pred.feasible else over
+            attrs = {"plan": to_dict(plan), "prediction": to_dict(pred), "constraint": constraint, "seeded": True}
+            if not pred.feasible:
+                attrs["infeasible"] = "; ".join(pred.violations)
+            kw = {"constraints": {"memory": constraint}} if _NEW_CONSTRAINTS else {}
+            study.add_trial(optuna.trial.create_trial(params={"strategy": name} if dist else {}, distributions=dist,
+                                                      value=pred.samples_per_s, user_attrs=attrs, **kw))
+            added += 1
+    return added
 
 
 def feasible_candidates(study: optuna.Study) -> list[Candidate]:
