@@ -126,68 +126,53 @@ def obtain_profiles(cluster: Cluster, workload, *, root: Path, global_batch: int
 def calibrate_sync(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say) -> ProfileSet:
     """Run the uniform data-parallel step on the whole cluster once and record what the simulated
     gradient synchronisation misses (contention between ranks, gloo progress), per model kind."""
-    from dataclasses import replace
-
-    from hetsim.costmodel import CostModel
-    from hetsim.profiles import group_key
-    from hetsim.runner import measure
-    from hetsim.strategies.base import SearchContext
     from hetsim.strategies.ddp import DDP
 
-    key = group_key(cluster.devices)
-    if all(key in m.sync_residual_s for m in profiles.models.values()):
-        return profiles
-    cost = CostModel(cluster, profiles, workload.optimizer, has_batchnorm=workload.has_batchnorm)
-    ddp = DDP()
-    gb = max(4 * len(cluster.devices), 16)
-    plan = ddp.baseline(SearchContext(cost=cost, global_batch=gb))
-    pred = ddp.predict(plan, cost)[0]
-    say(f"calibrating gradient synchronisation: a real uniform step on all {len(cluster.devices)} devices")
-    m = measure(plan, cluster=cluster, workload_spec=workload.spec, optimizer=workload.optimizer, steps=10,
-                warmup=3, timeout_s=600)
-    if m.status != "ok" or m.step_time_s is None:
-        say(f"synchronisation calibration failed ({m.status}); the simulated bucket all-reduce stands alone")
-        return profiles
-    residual = m.step_time_s - pred.step_time_s
-    models = {}
-    for kind, prof in profiles.models.items():
-        prof = replace(prof, sync_residual_s={**prof.sync_residual_s, key: residual})
-        save(prof, root / "profiles" / _safe(kind) / f"model-{_safe(workload.spec)}.json")
-        models[kind] = prof
-    return replace(profiles, models=models)
+    return _calibrate_uniform(cluster, workload, profiles, root, say, DDP(), "sync_residual_s",
+                              "gradient synchronisation: a real uniform step",
+                              "the simulated bucket all-reduce stands alone")
 
 
 def calibrate_sharded(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say) -> ProfileSet:
     """Run the uniform FSDP (ZeRO-3) step on the whole cluster once and record what its simulation
     misses beyond the data-parallel synchronisation term (on CPU: gloo all-gathers that re-gather
     each block in backward while the peer rank computes; measured 26-40% slower than simulated)."""
+    from hetsim.strategies.zero import ZeRO
+
+    return _calibrate_uniform(cluster, workload, profiles, root, say, ZeRO(), "shard_residual_s",
+                              "sharded data parallelism: a real uniform FSDP step",
+                              "FSDP plans keep the data-parallel term alone")
+
+
+def _calibrate_uniform(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say, strat, field: str,
+                       what: str, fallback: str) -> ProfileSet:
+    """One real run of `strat`'s baseline on the whole cluster; its measured minus simulated step is
+    stored in each model profile's `field` under the cluster's group key (once per group)."""
     from dataclasses import replace
 
     from hetsim.costmodel import CostModel
     from hetsim.profiles import group_key
     from hetsim.runner import measure
     from hetsim.strategies.base import SearchContext
-    from hetsim.strategies.zero import ZeRO
 
     key = group_key(cluster.devices)
-    if all(key in m.shard_residual_s for m in profiles.models.values()):
+    if all(key in getattr(m, field) for m in profiles.models.values()):
         return profiles
     cost = CostModel(cluster, profiles, workload.optimizer, has_batchnorm=workload.has_batchnorm)
-    zero = ZeRO()
-    plan = zero.baseline(SearchContext(cost=cost, global_batch=max(4 * len(cluster.devices), 16)))
+    plan = strat.baseline(SearchContext(cost=cost, global_batch=max(4 * len(cluster.devices), 16)))
     if plan is None:
         return profiles
-    pred = zero.predict(plan, cost)[0]
-    say(f"calibrating sharded data parallelism: a real uniform FSDP step on all {len(cluster.devices)} devices")
+    pred = strat.predict(plan, cost)[0]
+    say(f"calibrating {what} on all {len(cluster.devices)} devices")
     m = measure(plan, cluster=cluster, workload_spec=workload.spec, optimizer=workload.optimizer, steps=10,
                 warmup=3, timeout_s=600)
     if m.status != "ok" or m.step_time_s is None:
-        say(f"sharded calibration failed ({m.status}); FSDP plans keep the data-parallel term alone")
+        say(f"{what.split(':')[0]} calibration failed ({m.status}); {fallback}")
         return profiles
     residual = m.step_time_s - pred.step_time_s
     models = {}
     for kind, prof in profiles.models.items():
-        prof = replace(prof, shard_residual_s={**prof.shard_residual_s, key: residual})
+        prof = replace(prof, **{field: {**getattr(prof, field), key: residual}})
         save(prof, root / "profiles" / _safe(kind) / f"model-{_safe(workload.spec)}.json")
         models[kind] = prof
     return replace(profiles, models=models)

@@ -162,22 +162,20 @@ class CostModel:
 
     def sync_residual_s(self, group: tuple[int, ...]) -> float:
         """Calibrated extra time of a data-parallel gradient synchronisation over this group."""
-        if len(group) <= 1:
-            return 0.0
-        from hetsim.profiles import group_key
-
-        key = group_key([self.device(d) for d in group])
-        vals = [m.sync_residual_s[key] for m in self.profiles.models.values() if key in m.sync_residual_s]
-        return max(0.0, max(vals)) if vals else 0.0
+        return self._group_term("sync_residual_s", group)
 
     def shard_residual_s(self, group: tuple[int, ...]) -> float:
         """Calibrated extra time of a ZeRO-3 (FSDP) step over this group beyond `sync_residual_s`."""
+        return self._group_term("shard_residual_s", group)
+
+    def _group_term(self, field: str, group: tuple[int, ...]) -> float:
+        """A calibrated per-group term of the model profiles (0 for one device or an uncalibrated group)."""
         if len(group) <= 1:
             return 0.0
         from hetsim.profiles import group_key
 
         key = group_key([self.device(d) for d in group])
-        vals = [m.shard_residual_s[key] for m in self.profiles.models.values() if key in m.shard_residual_s]
+        vals = [getattr(m, field)[key] for m in self.profiles.models.values() if key in getattr(m, field)]
         return max(0.0, max(vals)) if vals else 0.0
 
     def opt_s(self, dev: int, param_count: float) -> float:
