@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--image-size", type=int, default=None)
     p.add_argument("--precisions", default="fp32,bf16,fp16")
     p.add_argument("--plans", type=int, default=12, help="suite size")
+    p.add_argument("--strategies", default="", help="run only the suite's plans of these families (comma list)")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument(
@@ -75,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ctx = SearchContext(cost=cost, global_batch=a.global_batch, precisions=precisions)
     plans = suite_plans(ctx, a.plans)
+    if a.strategies:
+        plans = [p for p in plans if p.strategy in a.strategies.split(",")]
     print(f"{len(plans)} plans; profiles after {time.perf_counter() - t0:.0f} s", flush=True)
     records: list[dict] = []
     for i, plan in enumerate(plans):
