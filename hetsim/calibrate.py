@@ -156,7 +156,13 @@ def _calibrate_uniform(cluster: Cluster, workload, profiles: ProfileSet, root: P
     from hetsim.strategies.base import SearchContext
 
     key = group_key(cluster.devices)
+    tag = f"{field}:{key}"
     if all(key in getattr(m, field) for m in profiles.models.values()):
+        return profiles
+    failed = next((m.calib_failed[tag] for m in profiles.models.values() if tag in m.calib_failed), None)
+    if failed is not None:
+        say(f"{what.split(':')[0]} calibration failed before ({failed}), not repeated (--reprofile measures "
+            f"again); {fallback}")
         return profiles
     cost = CostModel(cluster, profiles, workload.optimizer, has_batchnorm=workload.has_batchnorm)
     plan = strat.baseline(SearchContext(cost=cost, global_batch=max(4 * len(cluster.devices), 16)))
@@ -166,13 +172,17 @@ def _calibrate_uniform(cluster: Cluster, workload, profiles: ProfileSet, root: P
     say(f"calibrating {what} on all {len(cluster.devices)} devices")
     m = measure(plan, cluster=cluster, workload_spec=workload.spec, optimizer=workload.optimizer, steps=10,
                 warmup=3, timeout_s=600)
-    if m.status != "ok" or m.step_time_s is None:
+    ok = m.status == "ok" and m.step_time_s is not None
+    if not ok:
         say(f"{what.split(':')[0]} calibration failed ({m.status}); {fallback}")
-        return profiles
-    residual = m.step_time_s - pred.step_time_s
+        if m.status != "oom":  # a crash or timeout may pass next time; running out of memory will not
+            return profiles
     models = {}
     for kind, prof in profiles.models.items():
-        prof = replace(prof, **{field: {**getattr(prof, field), key: residual}})
+        if ok:
+            prof = replace(prof, **{field: {**getattr(prof, field), key: m.step_time_s - pred.step_time_s}})
+        else:
+            prof = replace(prof, calib_failed={**prof.calib_failed, tag: m.status})
         save(prof, root / "profiles" / _safe(kind) / f"model-{_safe(workload.spec)}.json")
         models[kind] = prof
     return replace(profiles, models=models)

@@ -85,6 +85,9 @@ class ModelProfile:
     shard_residual_s: dict[str, float] = field(default_factory=dict)
     """By group (`group_key`): a real uniform FSDP (ZeRO-3) step on the whole cluster minus its simulated
     step, sync residual included (what the per-block all-gather/reduce-scatter model misses)."""
+    calib_failed: dict[str, str] = field(default_factory=dict)
+    """By `FIELD:group_key`: the status of a calibration run that failed (e.g. 'oom' on devices too
+    small for the uniform plan), so later searches do not repeat it; `--reprofile` measures again."""
     pipe_action_s: dict[str, Fit] = field(default_factory=dict)
     """By group (`group_key`): seconds added to every compute action of a pipeline schedule, as a function
     of its micro-batch size, so that the simulated steps of two real pipeline runs on the whole cluster
