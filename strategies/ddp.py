@@ -165,6 +165,33 @@ def choose_common(trial, ctx: SearchContext, devices: tuple[int, ...]) -> tuple[
     return precision, ckpt
 
 
+def choose_accum(trial, ctx: SearchContext) -> int:
+    """Gradient-accumulation steps (always 1 where samples share batch statistics)."""
+    if ctx.cost.facts.batch_coupled:
+        return 1
+    return trial.suggest_categorical("accum_steps", [a for a in (1, 2, 4) if a <= ctx.max_accum])
+
+
+def local_floor(ctx: SearchContext, accum: int) -> int:
+    """Fewest samples a device's local batch may have: BatchNorm needs two in every micro-batch,
+    not just in every local batch."""
+    return max(DDP.min_local(ctx), accum * (2 if ctx.cost.facts.has_batchnorm else 1))
+
+
+def uniform_split(global_batch: int, n: int) -> tuple[int, ...]:
+    """The same local batch on n devices (the first ones take the remainder)."""
+    base, rem = divmod(global_batch, n)
+    return tuple(base + (1 if i < rem else 0) for i in range(n))
+
+
+def uneven_split(global_batch: int, n: int) -> tuple[int, ...]:
+    """An example uneven split: device 0 takes what the others, at gb // (n + 1) each, leave."""
+    if n == 1:
+        return (global_batch,)
+    rest = global_batch // (n + 1)
+    return tuple([global_batch - rest * (n - 1)] + [rest] * (n - 1))
+
+
 def _precision_ok(cost: CostModel, dev: int, precision: str) -> bool:
     d = cost.device(dev)
     if precision == "bf16":
@@ -217,12 +244,8 @@ class DDP(Strategy):
     def space(self, trial, ctx: SearchContext) -> DDPPlan:
         devices = choose_devices(trial, ctx)
         precision, ckpt = choose_common(trial, ctx, devices)
-        accum = 1
-        if not ctx.cost.facts.batch_coupled:
-            accum = trial.suggest_categorical("accum_steps", [a for a in (1, 2, 4) if a <= ctx.max_accum])
-        # BatchNorm: every micro-batch (not just the local batch) needs two samples or more.
-        floor = max(self.min_local(ctx), accum * (2 if ctx.cost.facts.has_batchnorm else 1))
-        local = balance_batch(ctx.cost, devices, ctx.global_batch, accum, precision, ckpt, floor)
+        accum = choose_accum(trial, ctx)
+        local = balance_batch(ctx.cost, devices, ctx.global_batch, accum, precision, ckpt, local_floor(ctx, accum))
         return DDPPlan(devices=devices, local_batch=local, accum_steps=accum, precision=precision, checkpoint_blocks=ckpt)
 
     @staticmethod
@@ -232,9 +255,8 @@ class DDP(Strategy):
 
     def examples(self, ctx: SearchContext) -> list[DDPPlan]:
         n = ctx.cost.n_devices
-        gb = ctx.global_batch
         devs = tuple(range(n))
-        uneven = tuple([gb - (gb // (n + 1)) * (n - 1)] + [gb // (n + 1)] * (n - 1)) if n > 1 else (gb,)
+        uneven = uneven_split(ctx.global_batch, n)
         return self.buildable(ctx.cost, [
             lambda: self.baseline(ctx),
             lambda: DDPPlan(devices=devs, local_batch=uneven, accum_steps=2),
@@ -244,9 +266,7 @@ class DDP(Strategy):
     def baseline(self, ctx: SearchContext) -> DDPPlan:
         """What a user runs by default: every device, the same local batch, fp32, no accumulation."""
         n = ctx.cost.n_devices
-        base, rem = divmod(ctx.global_batch, n)
-        local = tuple(base + (1 if i < rem else 0) for i in range(n))
-        return DDPPlan(devices=tuple(range(n)), local_batch=local)
+        return DDPPlan(devices=tuple(range(n)), local_batch=uniform_split(ctx.global_batch, n))
 
     def validate(self, plan: DDPPlan, cost) -> None:
         super().validate(plan, cost)

@@ -27,15 +27,18 @@ from hetsim.types import MemoryBreakdown
 from . import register
 from .base import Plan, SearchContext, Strategy, WorkerContext, batchnorm_warning
 from .ddp import (
-    DDP,
     DataParallelExecutor,
     DDPExecutor,
     _precision_ok,
     balance_batch,
+    choose_accum,
     choose_common,
     choose_devices,
     data_parallel_graph,
+    local_floor,
     micro_sizes,
+    uneven_split,
+    uniform_split,
 )
 
 if TYPE_CHECKING:
@@ -80,18 +83,15 @@ class ZeRO(Strategy):
         offload = stage >= 2 and trial.suggest_categorical("offload", [False, True])
         if len(devices) == 1 and not offload:
             raise InfeasiblePlanError("zero on one device shards nothing: that plan is ddp's (or offload it)")
-        accum = 1
-        if not ctx.cost.facts.batch_coupled:
-            accum = trial.suggest_categorical("accum_steps", [a for a in (1, 2, 4) if a <= ctx.max_accum])
+        accum = choose_accum(trial, ctx)
         cost = ctx.cost
 
         def memory_of(dev: int, micro: int) -> MemoryBreakdown:
             return data_parallel_memory(cost, dev, micro, precision, ckpt, shards=len(devices), zero_stage=stage,
                                         offload=offload, rank=devices.index(dev))
 
-        # BatchNorm needs 2 samples in every micro-batch, not just in every local batch.
-        floor = max(DDP.min_local(ctx), 2 * accum if cost.facts.has_batchnorm else accum)
-        local = balance_batch(cost, devices, ctx.global_batch, accum, precision, ckpt, floor, memory_fn=memory_of)
+        local = balance_batch(cost, devices, ctx.global_batch, accum, precision, ckpt, local_floor(ctx, accum),
+                              memory_fn=memory_of)
         return ZeROPlan(devices=devices, local_batch=local, accum_steps=accum, precision=precision,
                         checkpoint_blocks=ckpt, zero_stage=stage, offload=offload)
 
@@ -102,9 +102,8 @@ class ZeRO(Strategy):
                 lambda s=s: ZeROPlan(devices=(0,), local_batch=(ctx.global_batch,), zero_stage=s, offload=True)
                 for s in (2, 3)
             ])
-        gb = ctx.global_batch
         devs = tuple(range(n))
-        uneven = tuple([gb - (gb // (n + 1)) * (n - 1)] + [gb // (n + 1)] * (n - 1))
+        uneven = uneven_split(ctx.global_batch, n)
         half = ctx.cost.facts.n_blocks // 2
         return self.buildable(ctx.cost, [
             lambda: ZeROPlan(devices=devs, local_batch=uneven, zero_stage=1),
@@ -118,9 +117,7 @@ class ZeRO(Strategy):
         n = ctx.cost.n_devices
         if n == 1:
             return None
-        base, rem = divmod(ctx.global_batch, n)
-        local = tuple(base + (1 if i < rem else 0) for i in range(n))
-        return ZeROPlan(devices=tuple(range(n)), local_batch=local, zero_stage=3)
+        return ZeROPlan(devices=tuple(range(n)), local_batch=uniform_split(ctx.global_batch, n), zero_stage=3)
 
     def validate(self, plan: ZeROPlan, cost) -> None:
         super().validate(plan, cost)
