@@ -39,12 +39,6 @@ def autocast(device: torch.device, precision: str):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def split_sizes(n: int, parts: int) -> list[int]:
-    """n samples into `parts` micro-batches as evenly as possible (largest first)."""
-    base, rem = divmod(n, parts)
-    return [base + (1 if j < rem else 0) for j in range(parts)]
-
-
 def full_grads(model: nn.Module) -> dict[str, torch.Tensor]:
     out = {}
     for name, p in model.named_parameters():

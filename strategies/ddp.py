@@ -43,6 +43,7 @@ class DDPPlan(Plan):
 
 
 def micro_sizes(local: int, accum: int) -> list[int]:
+    """`local` samples in `accum` parts as evenly as possible (the first ones take the remainder)."""
     base, rem = divmod(local, accum)
     return [base + (1 if j < rem else 0) for j in range(accum)]
 
@@ -180,8 +181,7 @@ def local_floor(ctx: SearchContext, accum: int) -> int:
 
 def uniform_split(global_batch: int, n: int) -> tuple[int, ...]:
     """The same local batch on n devices (the first ones take the remainder)."""
-    base, rem = divmod(global_batch, n)
-    return tuple(base + (1 if i < rem else 0) for i in range(n))
+    return tuple(micro_sizes(global_batch, n))
 
 
 def uneven_split(global_batch: int, n: int) -> tuple[int, ...]:
