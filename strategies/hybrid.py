@@ -26,17 +26,19 @@ from hetsim.simulator import TaskGraph
 from hetsim.types import MemoryBreakdown
 
 from . import register
-from ._pipeline_sched import (
+from ._pipeline_bounds import (
     Lane,
+    solve_boundaries,
+    step_elements,
+)
+from ._pipeline_sched import (
     add_pipeline,
     divisors,
     inflight_counts,
     rank_actions,
     rank_memory,
     rank_stages,
-    solve_boundaries,
     stage_rank,
-    step_elements,
 )
 from .base import Plan, SearchContext, Strategy, WorkerContext
 from .ddp import choose_common

@@ -20,21 +20,23 @@ from hetsim.simulator import TaskGraph
 from hetsim.types import MemoryBreakdown
 
 from . import register
+from ._pipeline_bounds import (
+    Lane,
+    check_boundaries,
+    optimizer_tail,
+    solve_boundaries,
+)
 from ._pipeline_sched import (
     SINGLE_STAGE,
     V_SHAPED,
-    Lane,
     add_pipeline,
     available_schedules,
-    check_boundaries,
     check_schedule,
     divisors,
     inflight_counts,
-    optimizer_tail,
     rank_actions,
     rank_memory,
     rank_stages,
-    solve_boundaries,
     stage_rank,
 )
 from .base import Plan, SearchContext, Strategy, WorkerContext

@@ -7,14 +7,16 @@ import math
 import random
 
 import pytest
-from hetsim.strategies._pipeline_sched import (
+from hetsim.strategies._pipeline_bounds import (
     Lane,
-    inflight_counts,
     min_sum_plus_max,
     optimizer_tail,
+    step_elements,
+)
+from hetsim.strategies._pipeline_sched import (
+    inflight_counts,
     rank_actions,
     stage_state,
-    step_elements,
 )
 from pipeline_synth import synthetic_cost
 
