@@ -126,9 +126,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _supports(dev, precision: str) -> bool:
-    cc = dev.compute_capability
+    """bf16 where the device has it (compute capability >= 8.0); fp16 with loss scaling on CUDA only."""
     if precision == "bf16":
-        return cc is not None and tuple(cc) >= (8, 0)
+        return dev.supports_bf16
     return precision != "fp16" or dev.backend == "cuda"
 
 

@@ -54,6 +54,13 @@ def _set_constraint(trial: optuna.Trial, value: float) -> None:
         trial.set_constraint("memory", value)
 
 
+def memory_constraint(pred: Prediction) -> float:
+    """Optuna's constraint value of a prediction: feasible <= 0; otherwise the worst device's
+    relative excess over its capacity, a margin that helps TPE move towards fitting plans."""
+    over = max((m - c) / c for m, c in zip(pred.peak_mem_bytes, pred.capacity_bytes))
+    return over if not pred.feasible else min(0.0, over)
+
+
 def _constraints(trial: optuna.trial.FrozenTrial) -> tuple[float]:
     return (float(trial.user_attrs.get("constraint", 1.0)),)
 
@@ -80,9 +87,7 @@ def make_objective(ctx: SearchContext, names: list[str]) -> Callable[[optuna.Tri
             return 0.0
         trial.set_user_attr("plan", to_dict(plan))
         trial.set_user_attr("prediction", to_dict(pred))
-        over = max((m - c) / c for m, c in zip(pred.peak_mem_bytes, pred.capacity_bytes))
-        # Feasible: <= 0 (Optuna's convention); the margin helps TPE move towards fitting plans.
-        _set_constraint(trial, over if not pred.feasible else min(0.0, over))
+        _set_constraint(trial, memory_constraint(pred))
         if not pred.feasible:
             trial.set_user_attr("infeasible", "; ".join(pred.violations))
         return pred.samples_per_s
@@ -137,8 +142,7 @@ def seed_trials(study: optuna.Study, ctx: SearchContext, names: list[str]) -> in
                 continue
             if not math.isfinite(pred.samples_per_s):
                 continue
-            over = max((m - c) / c for m, c in zip(pred.peak_mem_bytes, pred.capacity_bytes))
-            constraint = min(0.0, over) if pred.feasible else over
+            constraint = memory_constraint(pred)
             attrs = {"plan": to_dict(plan), "prediction": to_dict(pred), "constraint": constraint, "seeded": True}
             if not pred.feasible:
                 attrs["infeasible"] = "; ".join(pred.violations)

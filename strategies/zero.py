@@ -284,7 +284,7 @@ def _sharded_graph(plan: ZeROPlan, cost: CostModel) -> TaskGraph:
         last_rs = [g.add("comm", "sync", sync, list(last_rs), label="sync (calibrated)")]
     for d in devs:
         count = cost.param_count() / shards
-        t = _host_opt_s(cost, d, count) if plan.offload else cost.opt_s(d, count)
+        t = cost.host_opt_s(d, count) if plan.offload else cost.opt_s(d, count)
         if plan.offload:
             t += _host_copy_s(cost, d, cost.param_bytes() / shards)  # sharded gradients to the host
         g.add(f"dev{d}", "opt", t, list(last_rs), label="opt")
@@ -297,11 +297,6 @@ def _host_copy_s(cost: CostModel, dev: int, nbytes: float) -> float:
     if cost.device(dev).backend == "emulated":
         return 0.0
     return cost.host_transfer_s(dev, nbytes)
-
-
-def _host_opt_s(cost: CostModel, dev: int, count: float) -> float:
-    """Optimizer step on the host (CPU offload): the host's measured step, not the device's."""
-    return cost.host_opt_s(dev, count)
 
 
 # ----------------------------------------------------------------------------- real run
