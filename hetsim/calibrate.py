@@ -9,6 +9,7 @@ from pathlib import Path
 
 from hetsim.cluster import Cluster
 from hetsim.errors import ProfileMismatchError
+from hetsim.hostspeed import profile_ref
 from hetsim.profiles import CommProfile, DeviceProfile, ModelProfile, ProfileSet, load, save
 from hetsim.types import Fit
 
@@ -69,7 +70,7 @@ def calibrate_residual(device, workload, prof: ModelProfile, dev_prof: DevicePro
             say(f"calibration run failed ({m.status}); keeping the uncalibrated block model")
             return prof
         xs.append(float(b))
-        ys.append(m.step_time_s - pred)
+        ys.append(m.step_time_at(prof.probe_s) - pred)
     return replace(prof, calib_residual_s=Fit.least_squares(xs, ys, nonneg=False))
 
 
@@ -180,7 +181,8 @@ def _calibrate_uniform(cluster: Cluster, workload, profiles: ProfileSet, root: P
     models = {}
     for kind, prof in profiles.models.items():
         if ok:
-            prof = replace(prof, **{field: {**getattr(prof, field), key: m.step_time_s - pred.step_time_s}})
+            real = m.step_time_at(prof.probe_s)
+            prof = replace(prof, **{field: {**getattr(prof, field), key: real - pred.step_time_s}})
         else:
             prof = replace(prof, calib_failed={**prof.calib_failed, tag: m.status})
         save(prof, root / "profiles" / _safe(kind) / f"model-{_safe(workload.spec)}.json")
@@ -261,10 +263,11 @@ def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: P
             say(f"pipeline calibration run failed ({m.status})")
             continue
         pred0 = pipe.predict(plan, cost0)[0].step_time_s
+        real = m.step_time_at(profile_ref(profiles.models.values()))
         delta = 1e-3  # actions on the critical path: how much 1 ms more per action lengthens the step
         n_crit = (pipe.predict(plan, cost_with(Fit(intercept=delta, slope=0.0)))[0].step_time_s - pred0) / delta
-        say(f"  measured {m.step_time_s:.3f} s, simulated {pred0:.3f} s over {n_crit:.0f} critical actions")
-        points.append((float(plan.micro_batch), n_crit, m.step_time_s - pred0))
+        say(f"  measured {real:.3f} s, simulated {pred0:.3f} s over {n_crit:.0f} critical actions")
+        points.append((float(plan.micro_batch), n_crit, real - pred0))
     if not points:
         say("pipeline actions carry no calibrated overhead")
         return profiles

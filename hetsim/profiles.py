@@ -94,6 +94,11 @@ class ModelProfile:
     (one micro-batch; 2 per rank) equal their measured steps (per-action work of
     torch.distributed.pipelining, p2p waits, contention and small-micro-batch costs the block timings miss)."""
 
+    probe_s: float = 0.0
+    """CPU profiles: the host-speed probe's median time while this profile was recorded
+    (hetsim.hostspeed).  Every time above is kept at that host speed, calibration runs included;
+    0 for GPU profiles and profiles recorded without a probe."""
+
     @property
     def param_count(self) -> int:
         return sum(b.param_count for b in self.blocks)

@@ -14,12 +14,13 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from hetsim.hostspeed import HostProbe, at_ref, ref_of
 from hetsim.memprofile import profile_memory
 from hetsim.profiles import BlockProfile, BlockTiming, DeviceProfile, ModelProfile
 from hetsim.types import Fit
 from hetsim.workloads import Workload, make_optimizer
 
-FORMAT = "2"
+FORMAT = "3"
 """Part of every profile's fingerprint: bump it when a measured field changes meaning (what is timed,
 how, in which unit), so that recorded profiles are measured again.  A new field with a default needs
 no bump unless a profile without it would be used wrongly.  2: the memory calibration on GPUs no
@@ -146,8 +147,18 @@ def profile_model(
     acts: dict[str, list[list[float]]] = {p: [[] for _ in blocks] for p in precisions}
     out_bytes = [0] * len(blocks)
     flops = [0.0] * len(blocks)
-    overhead = []
+    fulls: list[tuple[float, float, list[int]]] = []  # whole-model time, its probe, the (block, mb) it covers
     input_bytes = 0
+    # On a CPU every timing is taken beside a host-speed probe and kept at the profile's reference
+    # speed (hetsim.hostspeed): the host's slow and fast phases would otherwise bend the fits.
+    probe = HostProbe() if device.type == "cpu" else None
+    probes: list[float] = []
+
+    def probed(fn, reps: int) -> tuple[float, float]:
+        p = probe() if probe is not None else 0.0
+        probes.append(p)
+        return _median_time(fn, device, reps), p
+
     for prec in precisions:
         for mb in micro_batches:
             if progress:
@@ -156,7 +167,6 @@ def profile_model(
             x, y = x.to(device), y.to(device)
             input_bytes = x[:1].nelement() * x.element_size()
             h = x
-            t_blocks = 0.0
             for k, (_, blk) in enumerate(blocks):
                 inp = h.detach().requires_grad_(k > 0 and h.is_floating_point())
                 with _autocast(device, prec):
@@ -187,11 +197,9 @@ def profile_model(
                     with _autocast(device, prec):
                         return blk(inp)
 
-                tf = _median_time(fwd_train, device, reps)
+                tf, p = probed(fwd_train, reps)
                 tfb = _median_time(fwd_bwd, device, reps)
-                tb = max(tfb - tf, 0.0)
-                times[prec][k].append((tf, tb))
-                t_blocks += tf + tb
+                times[prec][k].append((tf, max(tfb - tf, 0.0), p))
                 acts[prec][k].append(float(saved))
                 if prec == "fp32" and mb == micro_batches[0]:
                     out_bytes[k] = out[:1].nelement() * 4 if out.dim() > 0 else 4
@@ -199,9 +207,16 @@ def profile_model(
                 h = fwd().float() if out.is_floating_point() else fwd()
                 del out, grad
             if prec == "fp32":
-                full = _median_time(lambda x=x, y=y: workload.loss_sum(model(x), y).backward(), device, reps)
-                overhead.append(max(0.0, full - t_blocks))
+                full, p = probed(lambda x=x, y=y: workload.loss_sum(model(x), y).backward(), reps)
+                fulls.append((full, p, len(times[prec][0]) - 1))
             model.zero_grad(set_to_none=True)
+    ref = ref_of(probes)
+
+    def at(t: float, p: float) -> float:
+        return at_ref([t], [p], ref)[0]
+
+    overhead = [max(0.0, at(full, p) - sum(at(tf, pk) + at(tb, pk) for tf, tb, pk in (ts[j] for ts in times["fp32"])))
+                for full, p, j in fulls]
     bps = []
     for k, (name, blk) in enumerate(blocks):
         pc = sum(p.numel() for p in blk.parameters())
@@ -213,8 +228,8 @@ def profile_model(
                 buffer_bytes=sum(b.numel() * b.element_size() for b in blk.buffers()),
                 timing={
                     p: BlockTiming(
-                        fwd_s=Fit.least_squares(list(micro_batches), [t[0] for t in times[p][k]]),
-                        bwd_s=Fit.least_squares(list(micro_batches), [t[1] for t in times[p][k]]),
+                        fwd_s=Fit.least_squares(list(micro_batches), [at(t[0], t[2]) for t in times[p][k]]),
+                        bwd_s=Fit.least_squares(list(micro_batches), [at(t[1], t[2]) for t in times[p][k]]),
                     )
                     for p in precisions
                 },
@@ -224,7 +239,7 @@ def profile_model(
                 param_numels=tuple(p.numel() for p in blk.parameters()),
             )
         )
-    opt_fits = {name: _profile_optimizer(model, name, device, reps) for name in ("adamw", "sgd")}
+    opt_fits = {name: _profile_optimizer(model, name, device, reps, probe, ref) for name in ("adamw", "sgd")}
     opt_fits["adam"] = opt_fits["adamw"]
     cosines = {p: grad_cosine(workload, device, p, min(16, max(micro_batches))) for p in precisions if p != "fp32"}
     host_fits: dict[str, Fit] = {}
@@ -245,6 +260,7 @@ def profile_model(
         grad_cosine=cosines,
         host_opt_step_s=host_fits,
         step_overhead_s=statistics.median(overhead) if overhead else 0.0,
+        probe_s=ref,
         input_bytes_per_sample=input_bytes,
         memory=profile_memory(workload, device, micro_batches, precisions),
     )
@@ -282,8 +298,10 @@ def _flops(fwd: Callable[[], object], mb: int) -> float:
         return 0.0
 
 
-def _profile_optimizer(model: nn.Module, kind: str, device: torch.device, reps: int) -> Fit:
-    """Optimizer step time per block's parameters, fitted against parameter count."""
+def _profile_optimizer(model: nn.Module, kind: str, device: torch.device, reps: int, probe: HostProbe | None = None,
+                       ref: float = 0.0) -> Fit:
+    """Optimizer step time per block's parameters, fitted against parameter count (with `probe`,
+    each time at the host speed whose probe time is `ref`)."""
     xs, ys = [], []
     groups = [list(b.parameters()) for b in model.children()]
     groups.append(list(model.parameters()))
@@ -295,7 +313,8 @@ def _profile_optimizer(model: nn.Module, kind: str, device: torch.device, reps: 
         opt = make_optimizer(kind, params, 1e-3)
         opt.step()  # lazily creates the state
         xs.append(float(sum(p.numel() for p in params)))
-        ys.append(_median_time(opt.step, device, reps, warmup=0))
+        p = probe() if probe is not None else 0.0
+        ys.append(at_ref([_median_time(opt.step, device, reps, warmup=0)], [p], ref)[0])
     for p in model.parameters():
         p.grad = None
     return Fit.least_squares(xs, ys)

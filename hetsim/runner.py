@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hetsim.cluster import Cluster
+from hetsim.hostspeed import ref_of
 from hetsim.profiles import CommProfile
 from hetsim.serial import dump_json, from_dict, to_dict
 from hetsim.types import Fit, Measurement
@@ -190,18 +191,23 @@ def measure(plan, *, cluster: Cluster, workload_spec: str, optimizer: str, steps
     out = out_dir or tempfile.mkdtemp(prefix="hetsim-run-")
     job = Job(task="train", plan=to_dict(plan), workload=workload_spec, optimizer=optimizer,
               global_batch=plan.global_batch, devices=device_dicts(cluster, plan.devices),
-              steps=steps, warmup=max(2, warmup), seed=seed, out_dir=str(out), fault=fault)
+              steps=steps, warmup=max(2, warmup), seed=seed, out_dir=str(out), fault=fault,
+              probe=all(cluster.devices[d].backend == "emulated" for d in plan.devices))
     t0 = time.perf_counter()
     results, tail, timed_out = launch(job, len(plan.devices), timeout_s, launch_cfg)
     wall = time.perf_counter() - t0
     n = len(plan.devices)
     by_rank = {r.rank: r for r in results}
     if all(r in by_rank and by_rank[r].status == "ok" for r in range(n)):
-        step, meds = summarize_steps([by_rank[r] for r in range(n)])
-        mems = tuple(by_rank[r].memory for r in range(n))
+        ranks = [by_rank[r] for r in range(n)]
+        step, meds = summarize_steps(ranks)
+        probes = [p for r in ranks for p in r.probe_s]
+        probed = all(len(r.probe_s) == len(r.step_times_s) > 0 for r in ranks)
+        mems = tuple(r.memory for r in ranks)
         return Measurement(status="ok", step_time_s=step, samples_per_s=plan.global_batch / step,
                            peak_mem_bytes=tuple(m.total_bytes for m in mems), memory=mems, step_times_s=meds,
-                           wall_s=wall)
+                           wall_s=wall, probe_s=ref_of(probes) if probed else None,
+                           steps_per_probe=summarize_steps(ranks, 1.0)[0] if probed else None)
     return _failure(by_rank, n, tail, timed_out, timeout_s, wall)
 
 

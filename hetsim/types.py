@@ -85,6 +85,18 @@ class Measurement:
     """Plan rank whose failure ended the run (None: ok, a timeout, or unknown)."""
     failed_peak_bytes: int | None = None
     """That rank's measured peak bytes when it had measured one (an out-of-memory rank's accounting)."""
+    probe_s: float | None = None
+    """Median host-speed probe of the run (hetsim.hostspeed; None when not probed, e.g. on GPUs)."""
+    steps_per_probe: float | None = None
+    """The step time in probe times: each step over the probe taken before it, median per rank,
+    slowest rank (None when not probed)."""
+
+    def step_time_at(self, ref_probe_s: float) -> float | None:
+        """The measured step time at the host speed whose probe time is `ref_probe_s` (a profile's
+        `probe_s`); the raw step time when either side was not probed."""
+        if self.steps_per_probe is None or not ref_probe_s:
+            return self.step_time_s
+        return self.steps_per_probe * ref_probe_s
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

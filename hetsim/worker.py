@@ -50,6 +50,8 @@ class Job:
     seed: int = 0
     out_dir: str = ""
     fault: Fault | None = None
+    probe: bool = False
+    """Time hetsim.hostspeed's probe before every timed step (CPU ranks on a shared host)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -57,6 +59,8 @@ class RankResult:
     rank: int
     status: str
     step_times_s: tuple[float, ...] = ()
+    probe_s: tuple[float, ...] = ()
+    """The host-speed probe timed just before each timed step (empty when not asked for)."""
     memory: MemoryBreakdown | None = None
     losses: tuple[float, ...] = ()
     error: str | None = None
@@ -178,9 +182,16 @@ def run_job(job: Job) -> RankResult:
             torch.cuda.synchronize(device)
             if time.perf_counter() >= t_end:
                 break
+    probe = None
+    if job.probe and device.type == "cpu":
+        from hetsim.hostspeed import HostProbe
+
+        probe = HostProbe()
     dist.barrier()
-    times = []
+    times, probes = [], []
     for i in range(job.steps):
+        if probe is not None:  # untimed; the step's first collective absorbs the ranks' differences
+            probes.append(probe())
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t = time.perf_counter()
@@ -188,7 +199,8 @@ def run_job(job: Job) -> RankResult:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - t)
-    return RankResult(rank=rank, status="ok", step_times_s=tuple(times), memory=mem, losses=tuple(losses))
+    return RankResult(rank=rank, status="ok", step_times_s=tuple(times), probe_s=tuple(probes), memory=mem,
+                      losses=tuple(losses))
 
 
 def _reference_grads(wl, global_batch: int, seed: int):
@@ -243,8 +255,12 @@ def main(argv: list[str] | None = None) -> int:
     os._exit(code)  # skip interpreter teardown: gloo can abort there after all work is done
 
 
-def summarize_steps(results: list[RankResult]) -> tuple[float, tuple[float, ...]]:
-    meds = tuple(statistics.median(r.step_times_s) for r in results if r.step_times_s)
+def summarize_steps(results: list[RankResult], ref_probe_s: float = 0.0) -> tuple[float, tuple[float, ...]]:
+    """The step time of a run (the slowest rank's median step) and each rank's median; with
+    `ref_probe_s`, every step is first expressed at that host speed (hetsim.hostspeed)."""
+    from hetsim.hostspeed import at_ref
+
+    meds = tuple(statistics.median(at_ref(r.step_times_s, r.probe_s, ref_probe_s)) for r in results if r.step_times_s)
     return (max(meds) if meds else float("nan")), meds
 
 

@@ -1,0 +1,73 @@
+"""Host speed: a fixed probe timed beside every CPU measurement, so that times measured while the
+host runs slow can be compared with times measured while it runs fast.
+
+Why: the emulated cluster shares a virtual machine's cores with a busy host.  Measured here (2
+vCPUs, resnet18@64 steps, two processes): the median step of 5-second windows ranged 220-352 ms
+and 20-second windows still varied with a CV of 10%, in phases of 10-60 s, with no steal time
+reported by the kernel.  A profile recorded in a fast phase and a run in a slow one then differ by
+up to 30% for no reason of the plan.  The probe (a resnet18 forward of 2 images at 64 px, ~20 ms,
+one thread) slows down with the phases: the step-to-probe ratio of those windows varied with a
+CV of 3.6-5% where the step alone varied 12-15%.  A small convolution that fits in cache tracked
+the phases but not their size (CV 6.5%), hence a whole small network.
+
+Use: every timed CPU quantity is taken beside a probe time p, and kept as t x ref / p, where ref
+is the profile's median probe (`ModelProfile.probe_s`): "this time, at the speed the host had
+when the profile was recorded".  Measurements keep their raw times too.  GPU times are not
+probed (a GPU is not shared with the host's other guests); their profiles have probe_s = 0.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+
+PROBE_BATCH = 2
+PROBE_IMAGE = 64
+PROBE_REPS = 2
+
+
+class HostProbe:
+    """A fixed small network, built once per process; calling it times one probe (seconds)."""
+
+    def __init__(self) -> None:
+        import torch
+        import torchvision
+
+        gen_state = torch.random.get_rng_state()
+        torch.manual_seed(0)
+        self._model = torchvision.models.resnet18(num_classes=10).eval()
+        self._x = torch.randn(PROBE_BATCH, 3, PROBE_IMAGE, PROBE_IMAGE)
+        torch.random.set_rng_state(gen_state)  # the caller's random stream is left as it was
+        self()  # first call allocates
+
+    def __call__(self) -> float:
+        import torch
+
+        best = float("inf")
+        with torch.inference_mode():
+            for _ in range(PROBE_REPS):
+                t = time.perf_counter()
+                self._model(self._x)
+                best = min(best, time.perf_counter() - t)
+        return best
+
+
+def at_ref(times: Sequence[float], probes: Sequence[float], ref: float) -> list[float]:
+    """Times taken beside probe times, expressed at the host speed whose probe time is `ref`."""
+    if not ref or len(probes) != len(times) or not all(p > 0 for p in probes):
+        return list(times)
+    return [t * ref / p for t, p in zip(times, probes)]
+
+
+def ref_of(probes: Sequence[float]) -> float:
+    """The reference probe time of a set of measurements: their median probe (0 when unprobed)."""
+    good = [p for p in probes if p > 0]
+    return statistics.median(good) if good else 0.0
+
+
+def profile_ref(models) -> float:
+    """The host reference of a set of model profiles: the probe time of the (one) probed CPU profile,
+    0 when none is probed or they disagree (no common reference to express times at)."""
+    refs = {m.probe_s for m in models if getattr(m, "probe_s", 0.0)}
+    return refs.pop() if len(refs) == 1 else 0.0
