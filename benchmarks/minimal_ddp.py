@@ -6,7 +6,9 @@
 It trains the same model on the same uneven split as a hetsim `ddp` plan, with nothing but
 DistributedDataParallel, AdamW and a timed loop.  The emulated devices are emulated the same way
 (hetsim.emulation.Emulator throttles each block of a slower device): that is the "hardware",
-not part of the executor being measured.  Rank 0 writes the slowest rank's median step time.
+not part of the executor being measured.  Like a hetsim run on an emulated cluster, it times
+hetsim.hostspeed's probe before every step (untimed), so that the two can be compared at one host
+speed.  Rank 0 writes the slowest rank's median step time, raw and in probe times.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from hetsim.emulation import Emulator
+from hetsim.hostspeed import HostProbe
 from hetsim.workloads import workload_from_spec
 
 
@@ -63,19 +66,23 @@ def main() -> None:
 
     for _ in range(args.warmup):
         step()
+    probe = HostProbe()
     dist.barrier()
-    times = []
+    times, probes = [], []
     for _ in range(args.steps):
+        probes.append(probe())
         t = time.perf_counter()
         step()
         times.append(time.perf_counter() - t)
     medians: list[float | None] = [None] * world
+    per_probe: list[float | None] = [None] * world
     dist.all_gather_object(medians, statistics.median(times))
+    dist.all_gather_object(per_probe, statistics.median(t / p for t, p in zip(times, probes)))
     if rank == 0:
         step_s = max(medians)
         with open(args.out, "w") as f:
             json.dump({"rank_median_step_s": medians, "step_time_s": step_s,
-                       "samples_per_s": global_batch / step_s}, f)
+                       "samples_per_s": global_batch / step_s, "steps_per_probe": max(per_probe)}, f)
     dist.barrier()
     dist.destroy_process_group()
     os._exit(0)  # gloo can abort at interpreter exit after all work is done

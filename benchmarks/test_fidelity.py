@@ -26,7 +26,7 @@ from hetsim.hostspeed import profile_ref
 from hetsim.runner import measure
 from hetsim.serial import to_dict
 
-STEPS = 10
+STEPS = 16
 WARMUP = 3
 RUN_TIMEOUT_S = 300
 MIN_PLANS = 20

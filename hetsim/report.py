@@ -20,6 +20,9 @@ class Row:
     plan: object
     predicted: Prediction
     measured: Measurement | None
+    ref_probe_s: float = 0.0
+    """The profiles' host-speed probe (hetsim.hostspeed): a probed run's step is compared with the
+    prediction at that host speed.  0: compare raw times (GPUs, unprobed profiles)."""
 
 
 @dataclass
@@ -48,14 +51,25 @@ def _meas_json(m: Measurement | None) -> dict:
         return {"status": "not_run", "step_time_s": None, "samples_per_s": None, "peak_mem_bytes": None, "error": None}
     return {"status": m.status, "step_time_s": m.step_time_s, "samples_per_s": m.samples_per_s,
             "peak_mem_bytes": list(m.peak_mem_bytes) if m.peak_mem_bytes else None, "error": m.error,
-            "memory": to_dict(m.memory) if m.memory else None}
+            "memory": to_dict(m.memory) if m.memory else None, "probe_s": m.probe_s,
+            "steps_per_probe": m.steps_per_probe}
 
 
 def err_pct(row: Row) -> float | None:
     m = row.measured
     if m is None or m.status != "ok" or not m.step_time_s:
         return None
-    return 100.0 * (row.predicted.step_time_s - m.step_time_s) / m.step_time_s
+    real = m.step_time_at(row.ref_probe_s)
+    return 100.0 * (row.predicted.step_time_s - real) / real
+
+
+def host_speed(row: Row) -> float | None:
+    """How fast the host ran during the row's run relative to when its profiles were recorded
+    (profile probe / run probe: 0.8 = 20% slower), None when not probed."""
+    m = row.measured
+    if m is None or not m.probe_s or not row.ref_probe_s:
+        return None
+    return row.ref_probe_s / m.probe_s
 
 
 def mem_err_pct(row: Row) -> list[float] | None:
@@ -161,6 +175,7 @@ def table_rows(data: ReportData) -> list[list[str]]:
             _fmt(r.predicted.samples_per_s),
             _fmt(m.samples_per_s if m else None) if m and m.status == "ok" else (m.status if m else "not run"),
             _fmt(err_pct(r), "+.1f"),
+            _fmt(host_speed(r), ".2f") + ("x" if host_speed(r) else ""),
             _fmt(sp, ".2f") + ("x" if sp else ""),
             " / ".join(f"{b / 2**20:.0f}" for b in r.predicted.peak_mem_bytes),
             " / ".join(f"{b / 2**20:.0f}" for b in m.peak_mem_bytes) if m and m.peak_mem_bytes else "-",
@@ -168,7 +183,11 @@ def table_rows(data: ReportData) -> list[list[str]]:
     return out
 
 
-HEADER = ["#", "plan", "pred samples/s", "meas samples/s", "step err %", "speedup", "pred MiB", "meas MiB"]
+HEADER = ["#", "plan", "pred samples/s", "meas samples/s", "step err %", "host speed", "speedup", "pred MiB", "meas MiB"]
+HOST_SPEED_NOTE = ("host speed: how fast this machine ran during the run relative to when its profiles were "
+                   "recorded, from a fixed probe timed before every step (hetsim.hostspeed); \"step err %\" "
+                   "compares the prediction with the measured step at the profiles' host speed, \"meas "
+                   "samples/s\" is the raw throughput.")
 
 
 # ----------------------------------------------------------------------------- figures
@@ -305,6 +324,8 @@ def write(data: ReportData, out_root: Path) -> Path:
         runs.append({"rank": "base" if r is data.baseline else r.rank, "plan": r.label,
                      "pred_step_time_s": r.predicted.step_time_s, "pred_samples_per_s": r.predicted.samples_per_s,
                      "status": m.status if m else "not_run", "meas_step_time_s": m.step_time_s if m else None,
+                     "meas_step_time_at_profile_speed_s": m.step_time_at(r.ref_probe_s) if m else None,
+                     "host_speed": host_speed(r),
                      "meas_samples_per_s": m.samples_per_s if m else None,
                      "pred_peak_mem_bytes": list(r.predicted.peak_mem_bytes),
                      "meas_peak_mem_bytes": list(m.peak_mem_bytes) if m and m.peak_mem_bytes else None})

@@ -18,6 +18,7 @@ from hetsim import report, strategies
 from hetsim.calibrate import obtain_profiles
 from hetsim.cluster import Cluster
 from hetsim.costmodel import CostModel
+from hetsim.hostspeed import profile_ref
 from hetsim.runner import Launch, measure
 from hetsim.serial import to_dict
 from hetsim.worker import Fault
@@ -128,10 +129,11 @@ def _run(opts: Options, console: Console, stop: StopFlag) -> int:
     ddp = strategies.get("ddp")
     base_plan = ddp.baseline(ctx)
     base_pred, _, _ = ddp.predict(base_plan, cost)
+    ref = profile_ref(profiles.models.values())
     rows = [report.Row(rank=i + 1, label=strategies.get(c.plan.strategy).label(c.plan), plan=c.plan,
-                       predicted=c.prediction, measured=None) for i, c in enumerate(top)]
+                       predicted=c.prediction, measured=None, ref_probe_s=ref) for i, c in enumerate(top)]
     base_row = report.Row(rank=0, label="uniform baseline: " + ddp.label(base_plan), plan=base_plan, predicted=base_pred,
-                          measured=None)
+                          measured=None, ref_probe_s=ref)
     notes = list(cluster.notes) + list(opts.notes)
     if not cands:
         notes.append("no feasible plan was found: " + "; ".join(sorted(set(
@@ -186,6 +188,8 @@ def _run(opts: Options, console: Console, stop: StopFlag) -> int:
                     console.print("  the error's last lines are in the report; continuing with the next plan")
 
     notes += knob_notes(rows, cands, opts, cost)
+    if any(report.host_speed(r) is not None for r in rows + [base_row]):
+        notes.append(report.HOST_SPEED_NOTE)
     best = rows[0] if rows else None
     shown = best  # the report's timeline is the best plan's (ARCHITECTURE.md), whatever its family
     timeline, tl_label = [], ""

@@ -37,8 +37,13 @@ def test_whole_loop_ddp_on_two_emulated_devices(tmp_path):
         assert c["measured"]["status"] == "ok", c["measured"]["error"]
         assert c["measured"]["step_time_s"] > 0 and c["predicted"]["step_time_s"] > 0
         assert len(c["measured"]["peak_mem_bytes"]) == len(c["plan"]["devices"])
+        # Emulated ranks time the host-speed probe before every step (hetsim.hostspeed).
+        assert c["measured"]["probe_s"] > 0 and c["measured"]["steps_per_probe"] > 0
     assert s["baselines"]["uniform_ddp"]["plan"]["local_batch"] == [8, 8]
     assert "EMULATED" in (folder / "report.md").read_text()
+    assert "host speed" in (folder / "report.md").read_text()
+    prof = json.loads((out / "profiles" / "emu-cpu" / "model-mlp.json").read_text())
+    assert prof["probe_s"] > 0  # CPU profiles are kept at the host speed of this probe
     # Every trial is in the CSV; a second run resumes the study and re-runs nothing.
     assert len((folder / "trials.csv").read_text().splitlines()) == 31
     p2 = run_cli("--model", "mlp", "--cluster", "emu:1.0@1G,0.5@1G", "--global-batch", "16", "--trials", "30",

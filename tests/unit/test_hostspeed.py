@@ -1,0 +1,70 @@
+"""Host-speed normalisation (hetsim.hostspeed): times taken beside a probe are compared at the
+profiles' host speed; unprobed times (GPUs, old profiles) stay raw."""
+
+from __future__ import annotations
+
+import pytest
+from hetsim.strategies.ddp import DDPPlan
+
+from hetsim import report
+from hetsim.hostspeed import at_ref, profile_ref, ref_of
+from hetsim.profiles import ModelProfile
+from hetsim.types import Fit, Measurement, MemoryBreakdown, Prediction
+from hetsim.worker import RankResult, summarize_steps
+
+
+def test_times_are_scaled_by_their_own_probe():
+    # A step of 1.0 s while the probe took 20 ms is a step of 0.5 s at a 10 ms host.
+    assert at_ref([1.0, 2.0], [0.020, 0.010], 0.010) == pytest.approx([0.5, 2.0])
+
+
+@pytest.mark.parametrize("probes, ref", [([0.02, 0.01], 0.0), ([0.02], 0.01), ([0.02, 0.0], 0.01), ([], 0.01)])
+def test_unprobed_or_unreferenced_times_stay_raw(probes, ref):
+    assert at_ref([1.0, 2.0], probes, ref) == [1.0, 2.0]
+
+
+def test_reference_is_the_median_probe_ignoring_missing_ones():
+    assert ref_of([0.03, 0.0, 0.01, 0.02]) == pytest.approx(0.02)
+    assert ref_of([]) == 0.0
+
+
+def _profile(probe_s: float) -> ModelProfile:
+    return ModelProfile(model="m", device_kind="k", fingerprint={}, micro_batches=(1,), blocks=(),
+                        opt_step_s={"adamw": Fit(intercept=0.0, slope=0.0)}, probe_s=probe_s)
+
+
+def test_profile_reference_needs_one_probed_profile():
+    assert profile_ref([_profile(0.016), _profile(0.0)]) == 0.016  # a GPU profile is not probed
+    assert profile_ref([_profile(0.0)]) == 0.0
+    assert profile_ref([_profile(0.016), _profile(0.020)]) == 0.0  # no common reference
+
+
+def test_run_step_time_at_a_reference_speed_is_the_slowest_ranks_median():
+    fast = RankResult(rank=0, status="ok", step_times_s=(1.0, 1.2, 1.1), probe_s=(0.02, 0.02, 0.02))
+    slow = RankResult(rank=1, status="ok", step_times_s=(1.0, 2.0, 1.5), probe_s=(0.01, 0.04, 0.03))
+    step, meds = summarize_steps([fast, slow])
+    assert step == 1.5 and meds == (1.1, 1.5)
+    # At a 10 ms host: rank 0's steps are 0.5, 0.6, 0.55 and rank 1's are 1.0, 0.5, 0.5.
+    step, meds = summarize_steps([fast, slow], 0.010)
+    assert meds == pytest.approx((0.55, 0.5)) and step == pytest.approx(0.55)
+
+
+def test_measurement_at_reference_speed():
+    m = Measurement(status="ok", step_time_s=0.8, probe_s=0.02, steps_per_probe=30.0)
+    assert m.step_time_at(0.016) == pytest.approx(0.48)
+    assert m.step_time_at(0.0) == 0.8
+    assert Measurement(status="ok", step_time_s=0.8).step_time_at(0.016) == 0.8
+
+
+def test_report_error_is_taken_at_the_profiles_host_speed():
+    pred = Prediction(step_time_s=0.55, samples_per_s=58.2, peak_mem_bytes=(1,), memory=(MemoryBreakdown(),),
+                      capacity_bytes=(2,), feasible=True)
+    # 0.625 s raw while the probe took 20 ms (the profile's took 16 ms): 0.5 s at the profile's speed.
+    meas = Measurement(status="ok", step_time_s=0.625, samples_per_s=51.2, peak_mem_bytes=(1,), probe_s=0.020,
+                       steps_per_probe=0.625 / 0.020)
+    row = report.Row(rank=1, label="x", plan=DDPPlan(devices=(0,), local_batch=(32,)), predicted=pred,
+                     measured=meas, ref_probe_s=0.016)
+    assert report.host_speed(row) == pytest.approx(0.8)
+    assert report.err_pct(row) == pytest.approx(10.0)
+    raw = report.Row(rank=1, label="x", plan=row.plan, predicted=pred, measured=meas)
+    assert report.host_speed(raw) is None and report.err_pct(raw) == pytest.approx(-12.0)
