@@ -22,7 +22,7 @@ from bench_config import RESULTS, ROOT
 from hetsim import strategies
 from hetsim.runner import measure
 
-ROUNDS = 3
+ROUNDS = 5
 STEPS = 10
 WARMUP = 3
 LOCAL_BATCH = (21, 11)
