@@ -18,6 +18,7 @@ import statistics
 import time
 from datetime import datetime, timezone
 
+import pytest
 from bench_config import BENCH, GLOBAL_BATCH, RESULTS
 from fidelity_suite import knobs, suite_plans
 
@@ -33,6 +34,8 @@ PASSES = 2
 16 steps still carries ~3.5 % of host noise after the probe (the same plan, two runs: 0.619 and
 0.698 s at the profiles' host speed)."""
 RUN_TIMEOUT_S = 300
+FIDELITY_TIMEOUT_S = 3600
+"""The suite takes ~16 minutes here (pyproject's per-test timeout of 600 s is for the tests)."""
 MIN_PLANS = 20
 
 
@@ -106,13 +109,26 @@ def run_suite(plans, cost, cluster, workload, ref_probe_s: float) -> list[dict]:
     return [_record(plan, pred, r, ref_probe_s) for plan, pred, r in zip(plans, preds, runs)]
 
 
+def _guarded(fn, *args):
+    """Run `fn` and hand back (result, exception): an exception raised inside benchmark.pedantic
+    leaves pytest-benchmark without data, and its autosave then crashes over the real error."""
+    try:
+        return fn(*args), None
+    except Exception as e:  # re-raised by the caller once the benchmark has its timing
+        return None, e
+
+
+@pytest.mark.timeout(FIDELITY_TIMEOUT_S)
 def test_fidelity(benchmark, ctx, cost, cluster, workload, profiles):
     plans = suite_plans(ctx)
     assert len(plans) >= MIN_PLANS, f"the suite has {len(plans)} plans, fewer than {MIN_PLANS}"
     load_start = os.getloadavg()
     t0 = time.perf_counter()
     ref = profile_ref(profiles.models.values())
-    records = benchmark.pedantic(run_suite, args=(plans, cost, cluster, workload, ref), rounds=1, iterations=1)
+    records, error = benchmark.pedantic(_guarded, args=(run_suite, plans, cost, cluster, workload, ref), rounds=1,
+                                        iterations=1)
+    if error is not None:
+        raise error
     failed = [f"{r['label']}: {r['status']}: {r.get('error', '')[-300:]}" for r in records if r["status"] != "ok"]
     acc = golden.accuracy_of(records)
     raw = golden.accuracy_of([dict(r, meas_step_time_s=r["meas_raw_step_time_s"]) for r in records])
