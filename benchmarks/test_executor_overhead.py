@@ -3,7 +3,7 @@
 Both are launched through torchrun on the default emulated cluster, in alternation, and each
 reports the slowest rank's median step time, raw and in units of hetsim.hostspeed's probe timed
 before every step.  The figure is hetsim's throughput over the minimal loop's at one host speed
-(the probe-unit steps' ratio; this VM's speed drifts by up to 30% in phases of 10-60 s, which
+(the probe-unit steps' ratio; this VM's speed drifts by tens of percent in phases of 10-60 s, which
 alternation alone does not cancel over three rounds): 1.0 means no overhead.  The raw ratio is
 recorded beside it.
 """

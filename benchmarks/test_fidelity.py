@@ -4,7 +4,7 @@ Writes results/bench/fidelity.json (the pairs the accuracy gate in tests/regress
 asserts the bounds of hetsim.golden: step-time MAPE, peak-memory MAPE, Kendall's tau.
 
 Measured step times are compared at the host speed the profiles were recorded at: every timed
-step is taken beside hetsim.hostspeed's probe (this shared VM runs up to 30% slower in phases of
+step is taken beside hetsim.hostspeed's probe (this shared VM runs tens of percent slower in phases of
 10-60 s).  The raw times and their MAPE are recorded beside them (`meas_raw_step_time_s`,
 `step_time_mape_raw`).
 """

@@ -5,9 +5,9 @@ Why: the emulated cluster shares a virtual machine's cores with a busy host.  Me
 vCPUs, resnet18@64 steps, two processes): the median step of 5-second windows ranged 220-352 ms
 and 20-second windows still varied with a CV of 10%, in phases of 10-60 s, with no steal time
 reported by the kernel.  A profile recorded in a fast phase and a run in a slow one then differ by
-up to 30% for no reason of the plan.  The probe (a resnet18 forward of 2 images at 64 px, ~20 ms,
+up to 30-60% for no reason of the plan.  The probe (a resnet18 forward of 2 images at 64 px, ~16 ms,
 one thread) slows down with the phases: the step-to-probe ratio of those windows varied with a
-CV of 3.6-5% where the step alone varied 12-15%.  A small convolution that fits in cache tracked
+CV of 3.6-5% where the step alone varied 14.5-15%.  A small convolution that fits in cache tracked
 the phases but not their size (CV 6.5%), hence a whole small network.
 
 Use: every timed CPU quantity is taken beside a probe time p, and kept as t x ref / p, where ref

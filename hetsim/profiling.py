@@ -25,7 +25,8 @@ FORMAT = "3"
 how, in which unit), so that recorded profiles are measured again.  A new field with a default needs
 no bump unless a profile without it would be used wrongly.  2: the memory calibration on GPUs no
 longer counts tensors alive before the step, and profiles gained the gradient cosine per precision
-(without it a precision's numerics go unchecked) and the host optimizer step."""
+(without it a precision's numerics go unchecked) and the host optimizer step.  3: CPU timings are
+kept at the host speed of the profile's probe (hetsim.hostspeed), calibration runs included."""
 
 
 def cpu_name() -> str:
@@ -147,7 +148,7 @@ def profile_model(
     acts: dict[str, list[list[float]]] = {p: [[] for _ in blocks] for p in precisions}
     out_bytes = [0] * len(blocks)
     flops = [0.0] * len(blocks)
-    fulls: list[tuple[float, float, list[int]]] = []  # whole-model time, its probe, the (block, mb) it covers
+    fulls: list[tuple[float, float, int]] = []  # whole-model time, its probe, the index of its micro-batch
     input_bytes = 0
     # On a CPU every timing is taken beside a host-speed probe and kept at the profile's reference
     # speed (hetsim.hostspeed): the host's slow and fast phases would otherwise bend the fits.
