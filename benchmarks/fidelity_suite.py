@@ -93,7 +93,7 @@ def _candidates(strat, ctx, seed: int, limit: int) -> list:
             out.append(plan)
 
     try:
-        own = ([] if (b := strat.baseline(ctx)) is None else [b]) + list(strat.examples(ctx)) + _variants(strat, ctx)
+        own = strat.own_plans(ctx) + _variants(strat, ctx)
     except InfeasiblePlanError:  # a family may have no valid example on this cluster
         own = []
     for plan in own:

@@ -243,7 +243,7 @@ def compute(case: Case, root: Path = RESULTS, families: Sequence[str] | None = N
         strat = strategies.get(name)
         rows, seen = [], set()
         try:
-            plans = ([] if (b := strat.baseline(ctx)) is None else [b]) + list(strat.examples(ctx))
+            plans = strat.own_plans(ctx)
         except InfeasiblePlanError as e:  # a family may have no valid example on a tight cluster
             plans = []
             rows.append({"label": f"{name} examples", "plan": None, "invalid": str(e)})

@@ -169,13 +169,14 @@ def table_rows(data: ReportData) -> list[list[str]]:
     for r in rows:
         m = r.measured
         sp = speedup(r, data.baseline)
+        hs = host_speed(r)
         out.append([
             "base" if r is data.baseline else str(r.rank),
             r.label,
             _fmt(r.predicted.samples_per_s),
             _fmt(m.samples_per_s if m else None) if m and m.status == "ok" else (m.status if m else "not run"),
             _fmt(err_pct(r), "+.1f"),
-            _fmt(host_speed(r), ".2f") + ("x" if host_speed(r) else ""),
+            _fmt(hs, ".2f") + ("x" if hs else ""),
             _fmt(sp, ".2f") + ("x" if sp else ""),
             " / ".join(f"{b / 2**20:.0f}" for b in r.predicted.peak_mem_bytes),
             " / ".join(f"{b / 2**20:.0f}" for b in m.peak_mem_bytes) if m and m.peak_mem_bytes else "-",

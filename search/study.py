@@ -128,7 +128,7 @@ def seed_trials(study: optuna.Study, ctx: SearchContext, names: list[str]) -> in
     for name in names:
         strat = strategies.get(name)
         try:
-            plans = ([] if (b := strat.baseline(ctx)) is None else [b]) + list(strat.examples(ctx))
+            plans = strat.own_plans(ctx)
         except InfeasiblePlanError:
             continue
         for plan in plans:

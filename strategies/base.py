@@ -198,6 +198,11 @@ class Strategy(ABC):
         """The plan a user would run by default with this family (None: no baseline)."""
         return None
 
+    def own_plans(self, ctx: SearchContext) -> list[Plan]:
+        """The family's own plans: its baseline (when it has one), then its `examples`."""
+        base = self.baseline(ctx)
+        return ([] if base is None else [base]) + list(self.examples(ctx))
+
 
 def batchnorm_warning(cost: CostModel, devices: tuple[int, ...], micro_batches: tuple[int, ...]) -> str | None:
     """A warning when a BatchNorm model gets per-device micro-batches too small for its statistics."""
