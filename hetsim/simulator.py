@@ -3,7 +3,8 @@
 A strategy turns a plan into a `TaskGraph` whose tasks sit on resources (a
 device's compute stream, a communication channel) in program order — for a
 pipeline, exactly the per-rank action lists its schedule runs.  `run_graph`
-starts each task when its resource is free and its dependencies are done.
+starts each task when its resource is free and its dependencies are done;
+`run_steady` runs two training steps back to back, as a real run repeats them.
 """
 
 from __future__ import annotations
@@ -104,3 +105,39 @@ def run_graph(graph: TaskGraph) -> Schedule:
         stuck = [f"{r}@{graph.tasks[q[head[r]]].label}" for r, q in queues.items() if head[r] < len(q)]
         raise DeadlockError(f"task graph deadlocks: {done}/{n} tasks ran; stuck heads: {', '.join(stuck[:8])}")
     return Schedule(start_s=tuple(start), end_s=tuple(end), makespan_s=max(end) if end else 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class SteadyRun:
+    step: Schedule
+    """The first step alone (what a timeline shows)."""
+    period_s: float
+    """Time from the end of one step to the end of the next when steps repeat without a barrier."""
+
+
+def run_steady(graph: TaskGraph) -> SteadyRun:
+    """Two copies of a step's graph, the second after the first on every resource in program order,
+    as a real run repeats its step: no barrier between steps, so a rank starts its next step once
+    its own last task is done (a pipeline rank whose optimizer step is long overlaps it with its
+    peers' next forward: measured on resnet18@64, model parallel bf16 on ranks x1 and x0.5, 0.377 s
+    per step, where one step alone simulates 0.428 s and two in a row 0.391 s).  What ends a step
+    on a shared resource with nothing after it (ZeroRedundancyOptimizer's parameter broadcast) is
+    a collective every rank waits for: the next step's tasks start after it.
+
+    The measured step of a real run is the period: from the end of the first step to the end of
+    the second."""
+    n = len(graph.tasks)
+    used = {d for t in graph.tasks for d in t.deps}
+    shared_sinks = [t.tid for t in graph.tasks if t.tid not in used and not t.resource.startswith("dev")]
+    twice = TaskGraph(tasks=list(graph.tasks))
+    first_on: set[str] = set()
+    for t in graph.tasks:
+        deps = [d + n for d in t.deps]
+        if t.resource not in first_on:
+            first_on.add(t.resource)
+            deps += shared_sinks
+        twice.add(t.resource, t.kind, t.duration_s, deps, label=t.label)
+    both = run_graph(twice)
+    first = Schedule(start_s=both.start_s[:n], end_s=both.end_s[:n], makespan_s=max(both.end_s[:n], default=0.0))
+    second_end = max(both.end_s[n:], default=0.0)
+    return SteadyRun(step=first, period_s=max(0.0, second_end - first.makespan_s))

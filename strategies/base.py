@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from hetsim.errors import InfeasiblePlanError
-from hetsim.simulator import Schedule, TaskGraph, run_graph
+from hetsim.simulator import Schedule, TaskGraph, run_steady
 from hetsim.types import MemoryBreakdown, Prediction
 
 if TYPE_CHECKING:  # torch and optuna stay out of the simulation path
@@ -122,7 +122,8 @@ class Strategy(ABC):
     def predict(self, plan: Plan, cost: CostModel) -> tuple[Prediction, Schedule, TaskGraph]:
         self.validate(plan, cost)
         g = self.graph(plan, cost)
-        sched = run_graph(g)
+        steady = run_steady(g)
+        sched = steady.step
         mem = self.memory(plan, cost)
         caps = tuple(cost.device(d).memory_bytes for d in plan.devices)
         violations = []
@@ -140,7 +141,7 @@ class Strategy(ABC):
         host_cap = cost.cluster.host_memory_bytes
         if host_need and host_cap and host_need > host_cap:
             violations.append(f"host memory: offload needs {host_need / 2**30:.1f} GiB > {host_cap / 2**30:.1f} GiB of RAM")
-        step = sched.makespan_s
+        step = steady.period_s
         gb = plan.global_batch
         busy = [sched.busy_s(g, f"dev{d}", {"F", "B", "W", "opt", "recompute"}) for d in plan.devices]
         bubble = 1.0 - (sum(busy) / (len(busy) * step)) if step > 0 and busy else 0.0
