@@ -12,7 +12,8 @@ the phases but not their size (CV 6.5%), hence a whole small network.
 
 Use: every timed CPU quantity is taken beside a probe time p, and kept as t x ref / p, where ref
 is the profile's median probe (`ModelProfile.probe_s`): "this time, at the speed the host had
-when the profile was recorded".  Measurements keep their raw times too.  GPU times are not
+when the profile was recorded".  In a run of several ranks p is the ranks' mean probe of that step
+(`shared_probes`).  Measurements keep their raw times too.  GPU times are not
 probed (a GPU is not shared with the host's other guests); their profiles have probe_s = 0.
 """
 
@@ -58,6 +59,21 @@ def at_ref(times: Sequence[float], probes: Sequence[float], ref: float) -> list[
     if not ref or len(probes) != len(times) or not all(p > 0 for p in probes):
         return list(times)
     return [t * ref / p for t, p in zip(times, probes)]
+
+
+def shared_probes(per_rank: Sequence[Sequence[float]]) -> list[float]:
+    """One host-speed probe per step for all the ranks of a run: the mean of the probes the ranks
+    timed before that step (empty when a rank has none, or not one per step).
+
+    The ranks of a run share one step period, so one estimate of the host's speed applies to all of
+    them.  A rank's own probe also carries its recent past: a vCPU that idled (a pipeline rank
+    waiting for its peer) runs the probe 20-30 % slower for 100 ms and more (measured here: after
+    300 ms of sleep 17-21 ms, after 300 ms of work 14-17 ms).  Normalising each rank by its own
+    probe and taking the slowest rank then picked the rank whose probe happened to be warm: in one
+    model-parallel run the two ranks' probes were 18.5 and 14 ms for the same steps."""
+    if not per_rank or not all(per_rank) or len({len(p) for p in per_rank}) != 1:
+        return []
+    return [sum(ps) / len(ps) for ps in zip(*per_rank)]
 
 
 def ref_of(probes: Sequence[float]) -> float:

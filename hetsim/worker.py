@@ -257,10 +257,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def summarize_steps(results: list[RankResult], ref_probe_s: float = 0.0) -> tuple[float, tuple[float, ...]]:
     """The step time of a run (the slowest rank's median step) and each rank's median; with
-    `ref_probe_s`, every step is first expressed at that host speed (hetsim.hostspeed)."""
-    from hetsim.hostspeed import at_ref
+    `ref_probe_s`, every step is first expressed at that host speed, by the ranks' mean probe of
+    that step (hetsim.hostspeed.shared_probes; raw when a rank was not probed)."""
+    from hetsim.hostspeed import at_ref, shared_probes
 
-    meds = tuple(statistics.median(at_ref(r.step_times_s, r.probe_s, ref_probe_s)) for r in results if r.step_times_s)
+    ranks = [r for r in results if r.step_times_s]
+    probes = shared_probes([r.probe_s for r in ranks])
+    meds = tuple(statistics.median(at_ref(r.step_times_s, probes, ref_probe_s)) for r in ranks)
     return (max(meds) if meds else float("nan")), meds
 
 

@@ -7,7 +7,7 @@ import pytest
 from hetsim.strategies.ddp import DDPPlan
 
 from hetsim import report
-from hetsim.hostspeed import at_ref, profile_ref, ref_of
+from hetsim.hostspeed import at_ref, profile_ref, ref_of, shared_probes
 from hetsim.profiles import ModelProfile
 from hetsim.types import Fit, Measurement, MemoryBreakdown, Prediction
 from hetsim.worker import RankResult, summarize_steps
@@ -44,9 +44,19 @@ def test_run_step_time_at_a_reference_speed_is_the_slowest_ranks_median():
     slow = RankResult(rank=1, status="ok", step_times_s=(1.0, 2.0, 1.5), probe_s=(0.01, 0.04, 0.03))
     step, meds = summarize_steps([fast, slow])
     assert step == 1.5 and meds == (1.1, 1.5)
-    # At a 10 ms host: rank 0's steps are 0.5, 0.6, 0.55 and rank 1's are 1.0, 0.5, 0.5.
+    # One probe per step for both ranks, their mean: 15, 30 and 25 ms.  At a 10 ms host rank 0's
+    # steps are 0.667, 0.4, 0.44 and rank 1's 0.667, 0.667, 0.6.
     step, meds = summarize_steps([fast, slow], 0.010)
-    assert meds == pytest.approx((0.55, 0.5)) and step == pytest.approx(0.55)
+    assert meds == pytest.approx((0.44, 2 / 3)) and step == pytest.approx(2 / 3)
+
+
+def test_shared_probes_need_every_rank_probed_at_every_step():
+    assert shared_probes([(0.02, 0.03), (0.01, 0.01)]) == pytest.approx([0.015, 0.02])
+    assert shared_probes([(0.02, 0.03), ()]) == []
+    assert shared_probes([(0.02, 0.03), (0.01,)]) == []
+    unprobed = RankResult(rank=1, status="ok", step_times_s=(1.0, 2.0), probe_s=())
+    probed = RankResult(rank=0, status="ok", step_times_s=(1.0, 3.0), probe_s=(0.02, 0.02))
+    assert summarize_steps([probed, unprobed], 0.010)[1] == (2.0, 1.5)  # raw: no common probe
 
 
 def test_measurement_at_reference_speed():
