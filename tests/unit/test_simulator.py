@@ -1,6 +1,6 @@
 import pytest
 
-from hetsim.simulator import DeadlockError, TaskGraph, run_graph
+from hetsim.simulator import DeadlockError, TaskGraph, run_graph, run_steady
 
 
 def test_program_order_and_dependencies():
@@ -33,3 +33,31 @@ def test_timeline_matches_schedule():
     s = run_graph(g)
     ev = s.timeline(g)
     assert [(e.label, e.start_s, e.end_s) for e in ev] == [("F0", 0.0, 0.25), ("B0", 0.25, 0.75)]
+
+
+def _two_rank_step(g: TaskGraph) -> None:
+    """A model-parallel step: rank 1's optimizer step (3 s) outlasts rank 0's backward and optimizer."""
+    f0 = g.add("dev0", "F", 1.0)
+    f1 = g.add("dev1", "F", 2.0, [f0])
+    b1 = g.add("dev1", "B", 2.0, [f1])
+    b0 = g.add("dev0", "B", 1.0, [b1])
+    g.add("dev0", "opt", 0.1, [b0])
+    g.add("dev1", "opt", 3.0, [b1])
+
+
+def test_steady_period_overlaps_a_long_optimizer_step_with_the_next_step():
+    g = TaskGraph()
+    _two_rank_step(g)
+    s = run_steady(g)
+    assert s.step.makespan_s == pytest.approx(8.0)  # 1 + 2 + 2, then rank 1's optimizer
+    # Rank 0 starts its next forward at 6.1; rank 1 loops through F, B and its optimizer: 7 s.
+    assert s.period_s == pytest.approx(7.0)
+
+
+def test_steady_period_waits_for_a_collective_that_ends_the_step():
+    g = TaskGraph()
+    _two_rank_step(g)
+    g.add("comm", "allgather", 1.0, [4, 5], label="param broadcast")  # after both optimizer steps
+    s = run_steady(g)
+    assert s.step.makespan_s == pytest.approx(9.0)
+    assert s.period_s == pytest.approx(9.0)  # no rank starts its next step before the broadcast
