@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from hetsim.emulation import Emulator
-from hetsim.hostspeed import HostProbe
+from hetsim.hostspeed import HostProbe, shared_probes
 from hetsim.workloads import workload_from_spec
 
 
@@ -78,8 +78,7 @@ def main() -> None:
     all_probes: list[list[float] | None] = [None] * world
     dist.all_gather_object(medians, statistics.median(times))
     dist.all_gather_object(all_probes, probes)
-    # One probe per step for all ranks, as hetsim's runner takes it (hetsim.hostspeed.shared_probes).
-    shared = [sum(ps) / len(ps) for ps in zip(*all_probes)]
+    shared = shared_probes(all_probes)  # one probe per step for all ranks, as hetsim's runner takes it
     per_rank: list[float | None] = [None] * world
     dist.all_gather_object(per_rank, statistics.median(t / p for t, p in zip(times, shared)))
     if rank == 0:

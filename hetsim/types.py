@@ -88,8 +88,8 @@ class Measurement:
     probe_s: float | None = None
     """Median host-speed probe of the run (hetsim.hostspeed; None when not probed, e.g. on GPUs)."""
     steps_per_probe: float | None = None
-    """The step time in probe times: each step over the probe taken before it, median per rank,
-    slowest rank (None when not probed)."""
+    """The step time in probe times: each step over the ranks' mean probe taken before it
+    (hetsim.hostspeed.shared_probes), median per rank, slowest rank (None when not probed)."""
 
     def step_time_at(self, ref_probe_s: float) -> float | None:
         """The measured step time at the host speed whose probe time is `ref_probe_s` (a profile's
