@@ -11,6 +11,6 @@ BENCH = RESULTS / "bench"
 MODEL = "resnet18"
 IMAGE_SIZE = 64
 """resnet18 at 64 px: a step of 32 samples is ~0.5-1 s on this CPU, so compute dominates the
-fixed costs (launch, collectives' latency, Python) and the whole bench fits in ~15 minutes."""
+fixed costs (launch, collectives' latency, Python) and the whole bench fits in ~30 minutes (27-29 measured)."""
 GLOBAL_BATCH = 32
 PRECISIONS = ("fp32", "bf16")

@@ -24,7 +24,8 @@ from hetsim.errors import InfeasiblePlanError
 from hetsim.serial import to_dict
 
 TARGET_PLANS = 24
-"""Enough for a meaningful MAPE and Kendall tau, few enough for ~10 minutes of real runs."""
+"""Enough for a meaningful MAPE and Kendall tau, few enough for ~24 minutes of real runs (three
+runs of each plan, benchmarks/test_fidelity.py)."""
 MAX_PRED_STEP_S = 2.5
 """Leave out drawn plans predicted slower than this: they add minutes and no new knob."""
 SAMPLER_SEED = 0

@@ -4,7 +4,7 @@ Simulation only (catalog devices are scaled from the recorded emu-cpu profile), 
 storage, seeded TPE as the CLI configures it.  Besides the wall time it reports when the search
 first held a plan within 1 % of its final best (trial number and seconds).
 
-Each search has a wall-clock budget so that the bench stays within its ~15 minutes on 2 cores:
+Each search has a wall-clock budget so that the bench stays within its ~30 minutes on 2 cores:
 a search that hits it reports the trials it finished, `completed: false` and a linear projection
 of the 1,000-trial time (a lower bound: TPE's own cost grows with the trials).
 """
