@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from hetsim.emulation import Emulator
-from hetsim.hostspeed import HostProbe, shared_probes
+from hetsim.hostspeed import HostProbe, at_ref, shared_probes
 from hetsim.workloads import workload_from_spec
 
 
@@ -80,7 +80,7 @@ def main() -> None:
     dist.all_gather_object(all_probes, probes)
     shared = shared_probes(all_probes)  # one probe per step for all ranks, as hetsim's runner takes it
     per_rank: list[float | None] = [None] * world
-    dist.all_gather_object(per_rank, statistics.median(t / p for t, p in zip(times, shared)))
+    dist.all_gather_object(per_rank, statistics.median(at_ref(times, shared, 1.0)))  # in probe units, as the runner
     if rank == 0:
         step_s = max(medians)
         with open(args.out, "w") as f:
