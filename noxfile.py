@@ -35,4 +35,4 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def regen(session: nox.Session) -> None:
     """Rewrite the golden expectations under results/golden/ from the recorded profiles; print the diff."""
-    session.run("python", "-m", "hetsim.golden", "--write", *session.posargs)
+    session.run("python", "-m", "hetsim.search.golden", "--write", *session.posargs)

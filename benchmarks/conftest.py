@@ -1,6 +1,6 @@
 """What every benchmark shares: the workload, the machine's default emulated cluster, its profiles.
 
-The profiles are obtained exactly as the CLI does (hetsim.calibrate.obtain_profiles) with
+The profiles are obtained exactly as the CLI does (hetsim.search.calibrate.obtain_profiles) with
 root=results/, so they are recorded under results/profiles/ on the first run and reused while
 their fingerprint matches; those files are what the regression tests replay.
 """
@@ -20,28 +20,28 @@ def _one_thread():
 
 @pytest.fixture(scope="session")
 def workload():
-    from hetsim.workloads import load_workload
+    from hetsim.workloads.builtin import load_workload
 
     return load_workload(MODEL, IMAGE_SIZE)
 
 
 @pytest.fixture(scope="session")
 def cluster():
-    from hetsim.cluster import DEFAULT_EMULATED, parse_cluster
+    from hetsim.hardware.cluster import DEFAULT_EMULATED, parse_cluster
 
     return parse_cluster(DEFAULT_EMULATED)
 
 
 @pytest.fixture(scope="session")
 def profiles(cluster, workload):
-    from hetsim.calibrate import obtain_profiles
+    from hetsim.search.calibrate import obtain_profiles
 
     return obtain_profiles(cluster, workload, root=RESULTS, global_batch=GLOBAL_BATCH, precisions=PRECISIONS)
 
 
 @pytest.fixture(scope="session")
 def cost(cluster, workload, profiles):
-    from hetsim.costmodel import CostModel
+    from hetsim.model.costmodel import CostModel
 
     return CostModel(cluster, profiles, workload.optimizer, has_batchnorm=workload.has_batchnorm,
                      batch_coupled=workload.batch_coupled)

@@ -20,15 +20,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from fidelity_suite import suite_plans
+from hetsim.search import golden
+from hetsim.search.calibrate import obtain_profiles
 from hetsim.strategies.base import SearchContext
 from test_fidelity import _record
 
-from hetsim import golden, strategies
-from hetsim.calibrate import obtain_profiles
-from hetsim.cluster import parse_cluster
-from hetsim.costmodel import CostModel
-from hetsim.runner import measure
-from hetsim.workloads import default_image_size, load_workload
+from hetsim import strategies
+from hetsim.execution.runner import measure
+from hetsim.hardware.cluster import parse_cluster
+from hetsim.model.costmodel import CostModel
+from hetsim.workloads.builtin import default_image_size, load_workload
 
 
 def main(argv: list[str] | None = None) -> int:

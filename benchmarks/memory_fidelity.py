@@ -4,7 +4,7 @@
 
 Profiles the model on this CPU (blocks and the whole-model memory calibration), predicts each
 plan's per-device peak with the strategy's memory model, runs it for real through torchrun
-(hetsim.runner.measure: MemTracker peak of step index 1) and prints both with the error.  Exits
+(hetsim.execution.runner.measure: MemTracker peak of step index 1) and prints both with the error.  Exits
 non-zero when a device is off by more than --tolerance.  Memory does not depend on collective
 timings, so the cost model gets a nominal communication profile.
 """
@@ -37,24 +37,24 @@ def build_cost(model: str, cluster_spec: str, optimizer: str, cache: str | None 
 
     import torch
 
-    from hetsim.cluster import parse_cluster
-    from hetsim.costmodel import CostModel
-    from hetsim.profiles import CommProfile, ProfileSet
-    from hetsim.profiling import profile_device, profile_model
+    from hetsim.hardware.cluster import parse_cluster
+    from hetsim.model.costmodel import CostModel
+    from hetsim.profiling.measure import profile_device, profile_model
+    from hetsim.profiling.store import CommProfile, ProfileSet
     from hetsim.types import Fit
-    from hetsim.workloads import workload_from_spec
+    from hetsim.workloads.builtin import workload_from_spec
 
     torch.set_num_threads(1)
     wl = workload_from_spec(model, optimizer)
     cluster = parse_cluster(cluster_spec)
     if cache and os.path.exists(cache):
-        from hetsim.profiles import ModelProfile, load
+        from hetsim.profiling.store import ModelProfile, load
 
         prof = load(ModelProfile, cache)
     else:
         prof = profile_model(wl, "emu-cpu", torch.device("cpu"), (2, 4, 8), ("fp32", "bf16"), reps=1)
         if cache:
-            from hetsim.profiles import save
+            from hetsim.profiling.store import save
 
             save(prof, cache)
     dev = profile_device("emu-cpu", torch.device("cpu"))
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from hetsim import strategies
-    from hetsim.runner import measure
+    from hetsim.execution.runner import measure
 
     cost, cluster = build_cost(args.model, args.cluster, args.optimizer, args.profile_cache)
     batch = tuple(int(b) for b in args.batch.split(","))

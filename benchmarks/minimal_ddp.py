@@ -5,9 +5,9 @@
 
 It trains the same model on the same uneven split as a hetsim `ddp` plan, with nothing but
 DistributedDataParallel, AdamW and a timed loop.  The emulated devices are emulated the same way
-(hetsim.emulation.Emulator throttles each block of a slower device): that is the "hardware",
+(hetsim.execution.emulation.Emulator throttles each block of a slower device): that is the "hardware",
 not part of the executor being measured.  Like a hetsim run on an emulated cluster, it times
-hetsim.hostspeed's probe before every step (untimed), so that the two can be compared at one host
+hetsim.profiling.hostspeed's probe before every step (untimed), so that the two can be compared at one host
 speed.  Rank 0 writes the slowest rank's median step time, raw and in probe times.
 """
 
@@ -23,9 +23,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from hetsim.emulation import Emulator
-from hetsim.hostspeed import HostProbe, at_ref, shared_probes
-from hetsim.workloads import workload_from_spec
+from hetsim.execution.emulation import Emulator
+from hetsim.profiling.hostspeed import HostProbe, at_ref, shared_probes
+from hetsim.workloads.builtin import workload_from_spec
 
 
 def main() -> None:

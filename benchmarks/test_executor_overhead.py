@@ -1,7 +1,7 @@
 """Executor overhead: hetsim's `ddp` run against a minimal hand-written torchrun DDP loop, same plan.
 
 Both are launched through torchrun on the default emulated cluster, in alternation, and each
-reports the slowest rank's median step time, raw and in units of hetsim.hostspeed's probe timed
+reports the slowest rank's median step time, raw and in units of hetsim.profiling.hostspeed's probe timed
 before every step.  The figure is hetsim's throughput over the minimal loop's at one host speed
 (the probe-unit steps' ratio; this VM's speed drifts by tens of percent in phases of 10-60 s, which
 alternation alone does not cancel over three rounds): 1.0 means no overhead.  The raw ratio is
@@ -20,7 +20,7 @@ from pathlib import Path
 from bench_config import RESULTS, ROOT
 
 from hetsim import strategies
-from hetsim.runner import measure
+from hetsim.execution.runner import measure
 
 ROUNDS = 5
 STEPS = 10

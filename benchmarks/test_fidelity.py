@@ -1,10 +1,10 @@
 """Fidelity: every plan of the suite predicted, then run for real on the default emulated cluster.
 
 Writes results/bench/fidelity.json (the pairs the accuracy gate in tests/regression replays) and
-asserts the bounds of hetsim.golden: step-time MAPE, peak-memory MAPE, Kendall's tau.
+asserts the bounds of hetsim.search.golden: step-time MAPE, peak-memory MAPE, Kendall's tau.
 
 Measured step times are compared at the host speed the profiles were recorded at: every timed
-step is taken beside hetsim.hostspeed's probe (this shared VM runs tens of percent slower in phases of
+step is taken beside hetsim.profiling.hostspeed's probe (this shared VM runs tens of percent slower in phases of
 10-60 s).  The raw times and their MAPE are recorded beside them (`meas_raw_step_time_s`,
 `step_time_mape_raw`).
 """
@@ -21,10 +21,11 @@ from datetime import datetime, timezone
 import pytest
 from bench_config import BENCH, GLOBAL_BATCH, RESULTS
 from fidelity_suite import knobs, suite_plans
+from hetsim.search import golden
 
-from hetsim import golden, strategies
-from hetsim.hostspeed import profile_ref
-from hetsim.runner import measure
+from hetsim import strategies
+from hetsim.execution.runner import measure
+from hetsim.profiling.hostspeed import profile_ref
 from hetsim.serial import to_dict
 
 STEPS = 16

@@ -16,8 +16,9 @@ import time
 
 import pytest
 from bench_config import RESULTS
+from hetsim.search import golden
 
-from hetsim import golden, strategies
+from hetsim import strategies
 
 TRIALS = 1000
 KEYS = ("rtx_3090", "gtx_1080_ti", "t4", "a10")
@@ -28,8 +29,8 @@ BUDGET_S = 240.0
 def _context(n_devices: int, workload):
     from hetsim.strategies.base import SearchContext
 
-    from hetsim.cluster import parse_cluster
-    from hetsim.costmodel import CostModel
+    from hetsim.hardware.cluster import parse_cluster
+    from hetsim.model.costmodel import CostModel
 
     spec = "catalog:" + ",".join(f"{k}*{n_devices // len(KEYS)}" for k in KEYS)
     cluster = dataclasses.replace(parse_cluster(spec), host_memory_bytes=golden.HOST_MEMORY_BYTES)

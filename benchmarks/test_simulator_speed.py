@@ -10,15 +10,16 @@ import dataclasses
 
 import pytest
 from bench_config import GLOBAL_BATCH, PRECISIONS, RESULTS
+from hetsim.search import golden
 
-from hetsim import golden, strategies
+from hetsim import strategies
 
 CATALOG_8 = "catalog:rtx_3090*2,gtx_1080_ti*2,t4*2,a10*2"
 
 
 def _cost(spec: str, workload):
-    from hetsim.cluster import parse_cluster
-    from hetsim.costmodel import CostModel
+    from hetsim.hardware.cluster import parse_cluster
+    from hetsim.model.costmodel import CostModel
 
     cluster = dataclasses.replace(parse_cluster(spec), host_memory_bytes=golden.HOST_MEMORY_BYTES)
     return CostModel(cluster, golden.recorded_profiles(RESULTS, workload.spec), workload.optimizer,

@@ -86,10 +86,10 @@ class Measurement:
     failed_peak_bytes: int | None = None
     """That rank's measured peak bytes when it had measured one (an out-of-memory rank's accounting)."""
     probe_s: float | None = None
-    """Median host-speed probe of the run (hetsim.hostspeed; None when not probed, e.g. on GPUs)."""
+    """Median host-speed probe of the run (hetsim.profiling.hostspeed; None when not probed, e.g. on GPUs)."""
     steps_per_probe: float | None = None
     """The step time in probe times: each step over the ranks' mean probe taken before it
-    (hetsim.hostspeed.shared_probes), median per rank, slowest rank (None when not probed)."""
+    (hetsim.profiling.hostspeed.shared_probes), median per rank, slowest rank (None when not probed)."""
 
     def step_time_at(self, ref_probe_s: float) -> float | None:
         """The measured step time at the host speed whose probe time is `ref_probe_s` (a profile's

@@ -112,9 +112,9 @@ def resolve(args, console):
     from rich.markup import escape
 
     from hetsim import strategies
-    from hetsim.cluster import parse_cluster
     from hetsim.errors import ConfigError
-    from hetsim.runner import Launch
+    from hetsim.execution.runner import Launch
+    from hetsim.hardware.cluster import parse_cluster
 
     from . import checks
     from .app import Options, default_study_name
@@ -155,7 +155,7 @@ def resolve(args, console):
     for n in cluster.notes:
         console.print(f"[yellow]note:[/] {escape(n)}")
 
-    from hetsim.workloads import BUILTIN, IMAGE_MODELS, default_image_size, load_workload
+    from hetsim.workloads.builtin import BUILTIN, IMAGE_MODELS, default_image_size, load_workload
 
     model = args.model
     if ":" not in model and model not in BUILTIN:
@@ -194,7 +194,7 @@ FAULT_KINDS = ("oom", "kill", "hang", "nan", "raise")
 
 def _parse_fault(text: str):
     from hetsim.errors import ConfigError
-    from hetsim.worker import Fault
+    from hetsim.execution.worker import Fault
 
     kind, _, rest = text.partition(":")
     rank_s, _, step_s = rest.partition(":")

@@ -8,20 +8,21 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hetsim.search.calibrate import obtain_profiles
 from hetsim.strategies.base import SearchContext
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from hetsim import report, strategies
-from hetsim.calibrate import obtain_profiles
-from hetsim.cluster import Cluster
-from hetsim.costmodel import CostModel
-from hetsim.hostspeed import profile_ref
-from hetsim.runner import Launch, measure
+from hetsim import strategies
+from hetsim.execution.runner import Launch, measure
+from hetsim.execution.worker import Fault
+from hetsim.hardware.cluster import Cluster
+from hetsim.model.costmodel import CostModel
+from hetsim.profiling.hostspeed import profile_ref
+from hetsim.reporting import report
 from hetsim.serial import to_dict
-from hetsim.worker import Fault
 
 from .study import (
     feasible_candidates,

@@ -31,6 +31,8 @@ __all__ = [
 _REGISTRY: dict[str, Strategy] = {}
 _loaded = False
 ENTRY_POINT_GROUP = "hetsim.strategies"
+NOT_FAMILIES = frozenset({"base", "rank"})
+"""Modules of this package that define no family: the contract and the per-rank entry point."""
 
 
 def register(cls: type[Strategy]) -> type[Strategy]:
@@ -50,7 +52,7 @@ def _load() -> None:
         return
     _loaded = True
     for mod in pkgutil.iter_modules(__path__):
-        if not mod.name.startswith("_") and mod.name != "base":
+        if not mod.name.startswith("_") and mod.name not in NOT_FAMILIES:
             importlib.import_module(f"{__name__}.{mod.name}")
     from importlib.metadata import entry_points
 

@@ -14,7 +14,7 @@ from hetsim.errors import InfeasiblePlanError
 from ._pipeline_sched import stage_state
 
 if TYPE_CHECKING:
-    from hetsim.costmodel import CostModel
+    from hetsim.model.costmodel import CostModel
 
 
 @dataclass(frozen=True, slots=True)

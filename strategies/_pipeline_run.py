@@ -26,6 +26,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hetsim.execution.memtrack import measure_step, peak_breakdown
+
 from ._common import apply_checkpointing, autocast, full_grads
 from ._pipeline_sched import ZERO_BUBBLE, rank_stages
 
@@ -175,7 +177,6 @@ class PipelineExecutor:
 
     def measure_memory(self, fn):
         """Peak tensor bytes of one step by category (the worker calls this instead of measure_step)."""
-        from hetsim.memtrack import measure_step, peak_breakdown
 
         if self.ctx.device.type == "cuda":
             return measure_step(fn, self.model, self.opt, self.ctx.device)

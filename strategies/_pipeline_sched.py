@@ -25,11 +25,12 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from hetsim.errors import InfeasiblePlanError, UnknownNameError
-from hetsim.simulator import TaskGraph
+from hetsim.model.memory import block_activations, optimizer_step_temp_bytes, temporaries_bytes
+from hetsim.model.simulator import TaskGraph
 from hetsim.types import MemoryBreakdown
 
 if TYPE_CHECKING:
-    from hetsim.costmodel import CostModel
+    from hetsim.model.costmodel import CostModel
 
 SINGLE_STAGE = ("GPipe", "1F1B")
 """One stage per rank: stage s on rank s."""
@@ -210,7 +211,7 @@ def add_pipeline(g: TaskGraph, cost: CostModel, devices: Sequence[int], boundari
     v = n_stages // n_ranks
     acts = rank_actions(schedule, n_ranks, m, v)
     dev_of = [devices[stage_rank(schedule, n_ranks, s)] for s in range(n_stages)]
-    extra = cost.pipeline_action_s(micro)  # calibrated per compute action (hetsim.calibrate.calibrate_pipeline)
+    extra = cost.pipeline_action_s(micro)  # calibrated per compute action (hetsim.search.calibrate.calibrate_pipeline)
 
     # Pass 1: every task as a spec with symbolic dependencies; ids are known before adding.
     specs: list[tuple[str, str, float, tuple, str]] = []
@@ -285,13 +286,12 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
 
     Its stages' state (parameters, buffers, gradients, optimizer state) plus the largest of
     - during an action, the activations of the micro-batches in flight (each stage keeps what its
-      blocks save, boundary tensors shared by adjacent blocks counted once, as `hetsim.memory`
+      blocks save, boundary tensors shared by adjacent blocks counted once, as `hetsim.model.memory`
       models a whole step); during a backward, the stage's blocks sweep like a whole model's
       (block k holds all it saved or recomputes) plus the calibrated temporaries of a backward;
     - the optimizer step, after every activation is freed: its temporaries
       (`optimizer_step_temp_bytes`), which is where a late stage with small activations peaks.
     """
-    from hetsim.memory import block_activations, optimizer_step_temp_bytes, temporaries_bytes
 
     stages = sorted({a.stage for a in actions})
     ba = block_activations(cost, micro, precision, ckpt)

@@ -8,15 +8,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from hetsim.errors import InfeasiblePlanError
-from hetsim.simulator import Schedule, TaskGraph, run_steady
+from hetsim.model.simulator import Schedule, TaskGraph, run_steady
 from hetsim.types import MemoryBreakdown, Prediction
 
 if TYPE_CHECKING:  # torch and optuna stay out of the simulation path
     import optuna
     import torch
 
-    from hetsim.costmodel import CostModel
-    from hetsim.workloads import Workload
+    from hetsim.model.costmodel import CostModel
+    from hetsim.workloads.builtin import Workload
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 BN_MIN_MICRO_BATCH = 8
@@ -65,7 +65,7 @@ class WorkerContext:
     global_batch: int
     seed: int = 0
     emulator: Any = None
-    """hetsim.emulation.Emulator: throttles compute, accounts memory (None on real GPUs)."""
+    """hetsim.execution.emulation.Emulator: throttles compute, accounts memory (None on real GPUs)."""
     backend: str = "gloo"
 
 

@@ -13,17 +13,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hetsim.cluster import interchangeable_groups
 from hetsim.errors import InfeasiblePlanError
-from hetsim.memory import data_parallel_memory  # the memory model of ddp and zero
-from hetsim.simulator import TaskGraph
+from hetsim.hardware.cluster import interchangeable_groups
+from hetsim.model.memory import data_parallel_memory  # the memory model of ddp and zero
+from hetsim.model.simulator import TaskGraph
 from hetsim.types import MemoryBreakdown
 
 from . import register
+from ._common import apply_checkpointing, autocast, full_grads
 from .base import Plan, SearchContext, Strategy, WorkerContext, batchnorm_warning
 
 if TYPE_CHECKING:
-    from hetsim.costmodel import CostModel
+    from hetsim.model.costmodel import CostModel
 
 BUCKET_CAP_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
 FIRST_BUCKET_BYTES = 1 * 2**20  # DDP's first (smallest) bucket
@@ -353,7 +354,6 @@ class DataParallelExecutor:
         self.scaler = None
 
     def _build_model(self):
-        from ._common import apply_checkpointing
 
         model = self.ctx.workload.model().to(self.ctx.device)
         if self.ctx.emulator is not None:
@@ -364,7 +364,6 @@ class DataParallelExecutor:
     def _micro_step(self, module, x, y, low_precision: bool) -> float:
         import contextlib
 
-        from ._common import autocast
 
         with autocast(self.ctx.device, self.plan.precision) if low_precision else contextlib.nullcontext():
             out = module(x)
@@ -384,7 +383,6 @@ class DataParallelExecutor:
         return loss
 
     def compute_grads(self):
-        from ._common import full_grads
 
         self.stepper.zero_grad(set_to_none=True)
         self._forward_backward()

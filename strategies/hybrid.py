@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hetsim.errors import InfeasiblePlanError
-from hetsim.simulator import TaskGraph
+from hetsim.model.simulator import TaskGraph
 from hetsim.types import MemoryBreakdown
 
 from . import register
@@ -31,6 +31,7 @@ from ._pipeline_bounds import (
     solve_boundaries,
     step_elements,
 )
+from ._pipeline_run import PipelineExecutor
 from ._pipeline_sched import (
     add_pipeline,
     divisors,
@@ -54,7 +55,7 @@ from .pipeline import (
 )
 
 if TYPE_CHECKING:
-    from hetsim.costmodel import CostModel
+    from hetsim.model.costmodel import CostModel
 
 @dataclass(frozen=True, kw_only=True)
 class HybridPlan(Plan):
@@ -310,7 +311,6 @@ class Hybrid(Strategy):
                                  plan.precision, plan.checkpoint_blocks) for k in range(len(plan.devices)))
 
     def executor(self, plan: HybridPlan, ctx: WorkerContext):
-        from ._pipeline_run import PipelineExecutor
 
         return PipelineExecutor(ctx, schedule=plan.schedule, boundaries=plan.boundaries,
                                 microbatches=plan.microbatches, precision=plan.precision,

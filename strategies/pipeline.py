@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hetsim.errors import InfeasiblePlanError
-from hetsim.simulator import TaskGraph
+from hetsim.hardware.cluster import interchangeable_groups
+from hetsim.model.simulator import TaskGraph
 from hetsim.types import MemoryBreakdown
 
 from . import register
@@ -26,6 +27,7 @@ from ._pipeline_bounds import (
     optimizer_tail,
     solve_boundaries,
 )
+from ._pipeline_run import PipelineExecutor
 from ._pipeline_sched import (
     SINGLE_STAGE,
     V_SHAPED,
@@ -43,7 +45,7 @@ from .base import Plan, SearchContext, Strategy, WorkerContext
 from .ddp import choose_common
 
 if TYPE_CHECKING:
-    from hetsim.costmodel import CostModel
+    from hetsim.model.costmodel import CostModel
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,7 +91,6 @@ def ordered_devices(trial, ctx: SearchContext, count: int | None = None) -> tupl
     together in index order, the `count` first in key order.  Every trial gets a valid choice (one
     yes/no per device wasted trials on choosing none, or a count no shape divides).  Identical devices
     side by side lose nothing a prediction can see, and 64 devices of 4 kinds are 4 keys, not 64."""
-    from hetsim.cluster import interchangeable_groups
 
     cost = ctx.cost
     n = cost.n_devices
@@ -293,7 +294,6 @@ class Pipeline(Strategy):
                                  plan.checkpoint_blocks) for r in range(len(plan.devices)))
 
     def executor(self, plan: PipelinePlan, ctx: WorkerContext):
-        from ._pipeline_run import PipelineExecutor
 
         return PipelineExecutor(ctx, schedule=plan.schedule, boundaries=plan.boundaries,
                                 microbatches=plan.microbatches, precision=plan.precision,

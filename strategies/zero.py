@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hetsim.errors import InfeasiblePlanError
-from hetsim.memory import data_parallel_memory, fsdp_gather_bytes, zero1_owned_counts
-from hetsim.simulator import TaskGraph
+from hetsim.execution.memtrack import measure_step
+from hetsim.model.memory import data_parallel_memory, fsdp_gather_bytes, zero1_owned_counts
+from hetsim.model.simulator import TaskGraph
 from hetsim.types import MemoryBreakdown
 
 from . import register
@@ -42,7 +43,7 @@ from .ddp import (
 )
 
 if TYPE_CHECKING:
-    from hetsim.costmodel import CostModel
+    from hetsim.model.costmodel import CostModel
 
 STAGES = (1, 2, 3)
 
@@ -278,7 +279,7 @@ def _sharded_graph(plan: ZeROPlan, cost: CostModel) -> TaskGraph:
     # The calibrated contention of a data-parallel group (measured with DDP: ranks computing side
     # by side and gloo progressing on busy cores) applies to FSDP's group as well.
     sync = cost.sync_residual_s(devs)
-    if plan.zero_stage == 3:  # calibrated with a real ZeRO-3 step (hetsim.calibrate.calibrate_sharded)
+    if plan.zero_stage == 3:  # calibrated with a real ZeRO-3 step (hetsim.search.calibrate.calibrate_sharded)
         sync += cost.shard_residual_s(devs)
     if sync and last_rs:
         last_rs = [g.add("comm", "sync", sync, list(last_rs), label="sync (calibrated)")]
@@ -369,7 +370,6 @@ class FSDPExecutor(DataParallelExecutor):
         the same memory, so it is taken out of the device's categories by its known size)."""
         import dataclasses
 
-        from hetsim.memtrack import measure_step
 
         mem = measure_step(fn, self.model, self.opt, self.ctx.device)
         if not self.plan.offload:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hetsim.cluster import parse_cluster
-from hetsim.costmodel import CostModel
-from hetsim.profiles import CommProfile, ProfileSet
+from hetsim.hardware.cluster import parse_cluster
+from hetsim.model.costmodel import CostModel
+from hetsim.profiling.store import CommProfile, ProfileSet
 from hetsim.types import Fit
 
 
@@ -14,8 +14,8 @@ from hetsim.types import Fit
 def gn_profile():
     import torch
 
-    from hetsim.profiling import profile_device, profile_model
-    from hetsim.workloads import load_workload
+    from hetsim.profiling.measure import profile_device, profile_model
+    from hetsim.workloads.builtin import load_workload
 
     torch.set_num_threads(1)
     wl = load_workload("gn_resnet", 32)

@@ -13,9 +13,9 @@ import pytest
 from hetsim.strategies.base import SearchContext
 
 from hetsim import strategies
-from hetsim.runner import device_dicts, launch
+from hetsim.execution.runner import device_dicts, launch
+from hetsim.execution.worker import Job
 from hetsim.serial import to_dict
-from hetsim.worker import Job
 
 GLOBAL_BATCH = 8
 
@@ -72,6 +72,6 @@ def test_real_run_matches_full_batch_gradient(make_cost, name, tmp_path):
 
 
 def cost_model_param_names():
-    from hetsim.workloads import load_workload
+    from hetsim.workloads.builtin import load_workload
 
     return list(load_workload("gn_resnet", 32).model().named_parameters())

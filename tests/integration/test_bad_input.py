@@ -197,8 +197,9 @@ def test_storage_is_checked_before_profiling(tmp_path, capsys):
 
 
 def test_stale_fingerprint_is_remeasured_not_an_error(tmp_path):
-    from hetsim.calibrate import _load_or
-    from hetsim.profiles import DeviceProfile, save
+    from hetsim.search.calibrate import _load_or
+
+    from hetsim.profiling.store import DeviceProfile, save
 
     path = tmp_path / "device.json"
     save(DeviceProfile(kind="emu-cpu", fingerprint={"torch": "1.0"}, matmul_flops={"fp32": 1.0}, copy_bps=1.0), path)

@@ -14,9 +14,9 @@ import pytest
 from clitools import TINY, processes_naming, run_cli
 from hetsim.strategies.ddp import DDPPlan
 
-from hetsim.cluster import parse_cluster
-from hetsim.runner import measure
-from hetsim.worker import Fault
+from hetsim.execution.runner import measure
+from hetsim.execution.worker import Fault
+from hetsim.hardware.cluster import parse_cluster
 
 pytestmark = pytest.mark.slow
 

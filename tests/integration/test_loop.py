@@ -37,7 +37,7 @@ def test_whole_loop_ddp_on_two_emulated_devices(tmp_path):
         assert c["measured"]["status"] == "ok", c["measured"]["error"]
         assert c["measured"]["step_time_s"] > 0 and c["predicted"]["step_time_s"] > 0
         assert len(c["measured"]["peak_mem_bytes"]) == len(c["plan"]["devices"])
-        # Emulated ranks time the host-speed probe before every step (hetsim.hostspeed).
+        # Emulated ranks time the host-speed probe before every step (hetsim.profiling.hostspeed).
         assert c["measured"]["probe_s"] > 0 and c["measured"]["steps_per_probe"] > 0
     assert s["baselines"]["uniform_ddp"]["plan"]["local_batch"] == [8, 8]
     assert "EMULATED" in (folder / "report.md").read_text()

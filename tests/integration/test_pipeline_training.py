@@ -12,9 +12,9 @@ import pytest
 from hetsim.strategies.base import SearchContext
 
 from hetsim import strategies
-from hetsim.runner import device_dicts, launch
+from hetsim.execution.runner import device_dicts, launch
+from hetsim.execution.worker import Job
 from hetsim.serial import to_dict
-from hetsim.worker import Job
 
 GLOBAL_BATCH = 8
 WARMUP, STEPS = 2, 2
@@ -23,7 +23,7 @@ WARMUP, STEPS = 2, 2
 def reference_losses(n_steps: int) -> list[float]:
     import torch
 
-    from hetsim.workloads import load_workload
+    from hetsim.workloads.builtin import load_workload
 
     torch.set_num_threads(1)
     wl = load_workload("gn_resnet", 32)

@@ -3,7 +3,7 @@
 results/bench/fidelity.json is written by `nox -s bench` (real runs on the default emulated
 cluster) and committed.  These tests only read it:
 
-1. the recorded pairs: step-time MAPE <= hetsim.golden.STEP_TIME_MAPE_MAX (and the summary figures
+1. the recorded pairs: step-time MAPE <= hetsim.search.golden.STEP_TIME_MAPE_MAX (and the summary figures
    are the ones the pairs give);
 2. the current cost model replayed on the recorded measurements: every recorded plan predicted
    again from the recorded profiles it was measured with, against the recorded measurement. A cost
@@ -16,8 +16,9 @@ import dataclasses
 import json
 
 import pytest
+from hetsim.search import golden
 
-from hetsim import golden, strategies
+from hetsim import strategies
 
 FIDELITY = golden.RESULTS / "bench" / "fidelity.json"
 
@@ -43,9 +44,9 @@ def test_recorded_pairs_within_bound(fidelity):
 
 
 def test_current_cost_model_on_recorded_measurements(fidelity):
-    from hetsim.cluster import parse_cluster
-    from hetsim.costmodel import CostModel
-    from hetsim.workloads import workload_from_spec
+    from hetsim.hardware.cluster import parse_cluster
+    from hetsim.model.costmodel import CostModel
+    from hetsim.workloads.builtin import workload_from_spec
 
     now = golden.profile_digests(golden.RESULTS, fidelity["model"])
     if now != fidelity["profiles"]:

@@ -2,7 +2,7 @@
 
 No hardware, no timing, no training: each case loads results/profiles/, simulates every
 family's fixed plans and runs a seeded in-memory search (as `--no-execute` would), then compares
-the best plan, its predicted throughput and memory (within hetsim.golden.REL_TOL) with the golden
+the best plan, its predicted throughput and memory (within hetsim.search.golden.REL_TOL) with the golden
 file.  A deliberate change: `nox -s regen`, review the diff of results/golden/, commit it.
 """
 
@@ -11,8 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from hetsim import golden
+from hetsim.search import golden
 
 
 @pytest.mark.parametrize("case", golden.CASES, ids=lambda c: c.name)
@@ -31,7 +30,7 @@ def test_case_matches_golden(case):
 def test_every_golden_file_is_a_case():
     names = {c.name for c in golden.CASES}
     stale = [p.name for p in (golden.RESULTS / "golden").glob("*.json") if p.stem not in names]
-    assert not stale, f"golden files {stale} belong to no case in hetsim.golden.CASES; delete them"
+    assert not stale, f"golden files {stale} belong to no case in hetsim.search.golden.CASES; delete them"
 
 
 def test_golden_best_is_the_best_feasible_fixed_plan_or_better():

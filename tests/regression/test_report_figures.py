@@ -10,8 +10,10 @@ import json
 import re
 
 import pytest
+from hetsim.search import golden
 
-from hetsim import golden, report, strategies
+from hetsim import strategies
+from hetsim.reporting import report
 from hetsim.types import Measurement
 
 MEASURED_SLOWER = 1.05

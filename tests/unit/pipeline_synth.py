@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hetsim.cluster import parse_cluster
-from hetsim.costmodel import CostModel
-from hetsim.profiles import BlockProfile, BlockTiming, CommProfile, ModelProfile, ProfileSet
+from hetsim.hardware.cluster import parse_cluster
+from hetsim.model.costmodel import CostModel
+from hetsim.profiling.store import BlockProfile, BlockTiming, CommProfile, ModelProfile, ProfileSet
 from hetsim.types import Fit
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hetsim.search import calibrate
 
-from hetsim import calibrate, runner
 from hetsim.types import Measurement
 
 
@@ -13,7 +13,7 @@ def test_failed_uniform_calibration(make_cost, gn_profile, tmp_path, monkeypatch
     wl = gn_profile[0]
     cost = make_cost("emu:1.0@4G,0.5@4G")
     calls = []
-    monkeypatch.setattr(runner, "measure", lambda *a, **k: calls.append(1) or Measurement(status=status))
+    monkeypatch.setattr(calibrate, "measure", lambda *a, **k: calls.append(1) or Measurement(status=status))
     said: list[str] = []
     profiles = calibrate.calibrate_sync(cost.cluster, wl, cost.profiles, tmp_path, said.append)
     profiles = calibrate.calibrate_sync(cost.cluster, wl, profiles, tmp_path, said.append)

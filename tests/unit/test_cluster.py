@@ -2,8 +2,8 @@ from unittest import mock
 
 import pytest
 
-from hetsim.cluster import GiB, detect_cuda, parse_cluster, parse_size
 from hetsim.errors import ClusterSpecError, UnknownNameError
+from hetsim.hardware.cluster import GiB, detect_cuda, parse_cluster, parse_size
 
 
 def test_emulated_spec():

@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hetsim.search import golden
 from hetsim.strategies.base import SearchContext
 from hetsim.strategies.ddp import choose_devices
 
-from hetsim import golden
-from hetsim.cluster import Link, interchangeable_groups, parse_cluster
-from hetsim.costmodel import CostModel
 from hetsim.errors import InfeasiblePlanError
+from hetsim.hardware.cluster import Link, interchangeable_groups, parse_cluster
+from hetsim.model.costmodel import CostModel
 
 optuna = pytest.importorskip("optuna")
 

@@ -1,4 +1,4 @@
-"""Host-speed normalisation (hetsim.hostspeed): times taken beside a probe are compared at the
+"""Host-speed normalisation (hetsim.profiling.hostspeed): times taken beside a probe are compared at the
 profiles' host speed; unprobed times (GPUs, old profiles) stay raw."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from hetsim.strategies.ddp import DDPPlan
 
-from hetsim import report
-from hetsim.hostspeed import at_ref, profile_ref, ref_of, shared_probes
-from hetsim.profiles import ModelProfile
+from hetsim.execution.worker import RankResult, summarize_steps
+from hetsim.profiling.hostspeed import at_ref, profile_ref, ref_of, shared_probes
+from hetsim.profiling.store import ModelProfile
+from hetsim.reporting import report
 from hetsim.types import Fit, Measurement, MemoryBreakdown, Prediction
-from hetsim.worker import RankResult, summarize_steps
 
 
 def test_times_are_scaled_by_their_own_probe():

@@ -6,9 +6,9 @@ import pytest
 from hetsim.strategies.base import SearchContext
 from hetsim.strategies.zero import ZeRO, ZeROPlan
 
-from hetsim.costmodel import CostModel
 from hetsim.errors import InfeasiblePlanError
-from hetsim.memory import (
+from hetsim.model.costmodel import CostModel
+from hetsim.model.memory import (
     FP32_MASTER,
     LOW_PRECISION_MASTER,
     Sharding,
@@ -163,8 +163,8 @@ def test_space_solves_the_split_with_the_sharded_memory(make_cost):
 
 
 def test_batchnorm_small_batches_warn(gn_profile):
-    from hetsim.cluster import parse_cluster
-    from hetsim.profiles import ProfileSet
+    from hetsim.hardware.cluster import parse_cluster
+    from hetsim.profiling.store import ProfileSet
     from tests.conftest import synthetic_comm
 
     _, model, dev = gn_profile
@@ -201,8 +201,8 @@ def test_fsdp_collectives_block_on_cpu_but_overlap_on_gpus(make_cost):
 
 def test_batchnorm_gets_two_samples_per_micro_batch(gn_profile):
     optuna = pytest.importorskip("optuna")
-    from hetsim.cluster import parse_cluster
-    from hetsim.profiles import ProfileSet
+    from hetsim.hardware.cluster import parse_cluster
+    from hetsim.profiling.store import ProfileSet
     from tests.conftest import synthetic_comm
 
     _, model, dev = gn_profile
@@ -237,9 +237,9 @@ def test_pipeline_rank_peaks_in_the_optimizer_step_when_its_activations_are_smal
     from hetsim.strategies._pipeline_sched import rank_actions, rank_memory
     from pipeline_synth import synthetic_cost
 
-    from hetsim.costmodel import CostModel
-    from hetsim.memory import optimizer_step_temp_bytes
-    from hetsim.profiles import ProfileSet
+    from hetsim.model.costmodel import CostModel
+    from hetsim.model.memory import optimizer_step_temp_bytes
+    from hetsim.profiling.store import ProfileSet
 
     base = synthetic_cost([1.0, 1.0], [1e-3] * 4, act_bytes=[1.0] * 4, param_counts=[1000, 1000, 1000, 250_000])
     model = next(iter(base.profiles.models.values()))

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from hetsim.strategies.zero import ZeRO, ZeROPlan
 
-from hetsim.cluster import Cluster, Device, _link_matrix
-from hetsim.costmodel import CostModel
-from hetsim.profiles import DeviceProfile, ModelProfile, ProfileSet, load
+from hetsim.hardware.cluster import Cluster, Device, _link_matrix
+from hetsim.model.costmodel import CostModel
+from hetsim.profiling.store import DeviceProfile, ModelProfile, ProfileSet, load
 from hetsim.types import Fit
 
 H200 = Path(__file__).resolve().parents[2] / "results" / "gpu" / "h200" / "profiles" / "NVIDIA_H200"
@@ -58,7 +58,7 @@ def test_emulated_host_step_is_unthrottled(make_cost):
 
 
 def test_shard_residual_applies_to_zero3_only(make_cost):
-    from hetsim.profiles import group_key
+    from hetsim.profiling.store import group_key
 
     base = make_cost("emu:1.0@4G,0.5@4G")
     key = group_key(base.cluster.devices)

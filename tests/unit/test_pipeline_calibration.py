@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hetsim.search.calibrate import fit_action_residual
 from hetsim.strategies.base import SearchContext
 from pipeline_synth import synthetic_cost
 
 from hetsim import strategies
-from hetsim.calibrate import fit_action_residual
-from hetsim.costmodel import CostModel
-from hetsim.profiles import group_key
+from hetsim.model.costmodel import CostModel
+from hetsim.profiling.store import group_key
 from hetsim.types import Fit
 
 PIPE = strategies.get("pipeline")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from hetsim.strategies.ddp import DDPPlan
 
-from hetsim import report
-from hetsim.cluster import Cluster, Device
-from hetsim.runner import Launch
+from hetsim.execution.runner import Launch
+from hetsim.hardware.cluster import Cluster, Device
+from hetsim.reporting import report
 from hetsim.types import Measurement, MemoryBreakdown, Prediction
 
 ROOT = Path(__file__).resolve().parents[2]

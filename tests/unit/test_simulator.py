@@ -1,6 +1,6 @@
 import pytest
 
-from hetsim.simulator import DeadlockError, TaskGraph, run_graph, run_steady
+from hetsim.model.simulator import DeadlockError, TaskGraph, run_graph, run_steady
 
 
 def test_program_order_and_dependencies():

@@ -1,7 +1,7 @@
 """Golden expectations: what the recorded profiles predict, kept under results/golden/.
 
-    python -m hetsim.golden            # compute every case, compare with results/golden/*.json, print the diff
-    python -m hetsim.golden --write    # rewrite the golden files (what `nox -s regen` runs)
+    python -m hetsim.search.golden            # compute every case, compare with results/golden/*.json, print the diff
+    python -m hetsim.search.golden --write    # rewrite the golden files (what `nox -s regen` runs)
 
 A case is a cluster, a workload and a seeded, in-memory Optuna search over the
 strategy families, simulated from the profiles recorded under
@@ -28,7 +28,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hetsim.search.calibrate import _safe as safe
+from hetsim.search.study import feasible_candidates, open_study, run_search
+from hetsim.strategies.base import SearchContext
+
+from hetsim import strategies
 from hetsim.errors import ConfigError, HetsimError, InfeasiblePlanError
+from hetsim.hardware.cluster import parse_cluster
+from hetsim.model.costmodel import CostModel
+from hetsim.profiling.store import CommProfile, DeviceProfile, ModelProfile, ProfileSet, load
+from hetsim.serial import to_dict
+from hetsim.workloads.builtin import workload_from_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
@@ -134,7 +144,6 @@ def accuracy_of(records: Sequence[dict]) -> Accuracy:
 
 
 def _safe(text: str) -> str:
-    from hetsim.calibrate import _safe as safe
 
     return safe(text)
 
@@ -154,7 +163,6 @@ def profile_digests(root: Path, model_spec: str, kind: str = REFERENCE_KIND) -> 
 def recorded_profiles(root: Path, model_spec: str, kind: str = REFERENCE_KIND):
     """The ProfileSet recorded under root/profiles/ for this workload, without the fingerprint check:
     the point is to replay what was measured on the recording machine, on any machine."""
-    from hetsim.profiles import CommProfile, DeviceProfile, ModelProfile, ProfileSet, load
 
     device, model, *comms = profile_paths(root, model_spec, kind)
     missing = [str(p) for p in (device, model) if not p.exists()]
@@ -201,10 +209,7 @@ CASES: tuple[Case, ...] = (
 
 
 def _context(case: Case, root: Path):
-    from hetsim.cluster import parse_cluster
-    from hetsim.costmodel import CostModel
-    from hetsim.strategies.base import SearchContext
-    from hetsim.workloads import workload_from_spec
+
 
     cluster = dataclasses.replace(parse_cluster(case.cluster), host_memory_bytes=HOST_MEMORY_BYTES)
     wl = workload_from_spec(case.model, case.optimizer)
@@ -223,7 +228,6 @@ def _prediction(strat, plan, cost) -> dict:
 
 
 def _plain(plan) -> dict:
-    from hetsim.serial import to_dict
 
     return json.loads(json.dumps(to_dict(plan)))
 
@@ -232,8 +236,6 @@ def compute(case: Case, root: Path = RESULTS, families: Sequence[str] | None = N
     """The case's expectation: fixed plans of every family, then the best plan of a seeded search."""
     import optuna
 
-    from hetsim import strategies
-    from hetsim.search.study import feasible_candidates, open_study, run_search
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     ctx = _context(case, root)
@@ -334,12 +336,11 @@ def golden_path(case: Case, root: Path = RESULTS) -> Path:
 
 def check(case: Case, root: Path = RESULTS) -> tuple[dict, list[str], list[str]]:
     """Compute a case with the families its golden file lists; (now, differences, notes)."""
-    from hetsim import strategies
 
     path = golden_path(case, root)
     if not path.exists():
         now = compute(case, root)
-        return now, [f"{path} does not exist; run `nox -s regen` (python -m hetsim.golden --write)"], []
+        return now, [f"{path} does not exist; run `nox -s regen` (python -m hetsim.search.golden --write)"], []
     golden = json.loads(path.read_text())
     registered = strategies.names()
     gone = [n for n in golden["strategies"] if n not in registered]
@@ -363,7 +364,7 @@ def write(now: dict, case: Case, root: Path = RESULTS) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hetsim.golden",
+    p = argparse.ArgumentParser(prog="python -m hetsim.search.golden",
                                 description="Compare (or, with --write, rewrite) results/golden/ from the recorded profiles.")
     p.add_argument("--write", action="store_true", help="rewrite the golden files with what is computed now")
     p.add_argument("--root", default=str(RESULTS), help="results folder holding profiles/ and golden/")
@@ -373,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = [c for c in CASES if args.case is None or c.name in args.case]
     if args.case and len(cases) != len(args.case):
         known = ", ".join(c.name for c in CASES)
-        print(f"hetsim.golden: unknown case in {args.case}; known: {known}", file=sys.stderr)
+        print(f"hetsim.search.golden: unknown case in {args.case}; known: {known}", file=sys.stderr)
         return 2
     changed = 0
     try:
@@ -397,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  note: {line}")
             changed += bool(diffs)
     except HetsimError as e:
-        print(f"hetsim.golden: error: {e}", file=sys.stderr)
+        print(f"hetsim.search.golden: error: {e}", file=sys.stderr)
         return 2
     if args.write:
         print(f"wrote {len(cases)} golden file(s) under {root / 'golden'}; review the diff before committing")

@@ -43,7 +43,7 @@ class BlockProfile:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MemoryCalibration:
-    """Whole-model memory of a plain one-process training step (hetsim.memprofile), per precision,
+    """Whole-model memory of a plain one-process training step (hetsim.profiling.memcal), per precision,
     as functions of micro-batch size: what the per-block profile cannot say."""
 
     saved_bytes: dict[str, Fit]
@@ -96,7 +96,7 @@ class ModelProfile:
 
     probe_s: float = 0.0
     """CPU profiles: the host-speed probe's median time while this profile was recorded
-    (hetsim.hostspeed).  Every time above is kept at that host speed, calibration runs included;
+    (hetsim.profiling.hostspeed).  Every time above is kept at that host speed, calibration runs included;
     0 for GPU profiles and profiles recorded without a probe."""
 
     @property

@@ -229,7 +229,7 @@ def _load_user(spec: str) -> Workload:
         raise ConfigError(f"--model {spec!r}: {fn_name}() raised {type(e).__name__}: {e}") from None
     if not isinstance(wl, Workload):
         raise ConfigError(
-            f"--model {spec!r}: {fn_name}() returned {type(wl).__name__}, expected hetsim.workloads.Workload"
+            f"--model {spec!r}: {fn_name}() returned {type(wl).__name__}, expected hetsim.workloads.builtin.Workload"
         )
     wl.spec = spec
     return wl

@@ -1,11 +1,10 @@
-"""The per-rank entry point of every real run, started by torchrun:
+"""The per-rank loop of every real run: one instrumented step for memory, warm-up, timed steps.
 
-    python -m torch.distributed.run --standalone --nproc-per-node N -m hetsim.worker JOB.json
-
-It builds the strategy's executor for this rank, measures one instrumented step
-for memory (checked against the emulated cap), then warm-up and timed steps,
-and writes `rank{R}.json` into the job's folder before tearing down (a gloo
-group can abort at exit after all work is done).
+torchrun starts `python -m hetsim.strategies.rank JOB.json` on every rank (the strategy layer
+builds the plan's executor); `main` here runs the job with it: it measures one instrumented step
+for memory (checked against the emulated cap), then warm-up and timed steps, and writes
+`rank{R}.json` into the job's folder before tearing down (a gloo group can abort at exit after
+all work is done).  The core never imports a strategy: the executor comes in as `build_executor`.
 """
 
 from __future__ import annotations
@@ -18,11 +17,19 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hetsim.errors import EmulatedOutOfMemoryError
+from hetsim.execution.emulation import Emulator
+from hetsim.execution.launcher import die_with_parent
+from hetsim.execution.memtrack import measure_step
+from hetsim.profiling.commbench import run_commbench
+from hetsim.profiling.hostspeed import HostProbe, at_ref, shared_probes
 from hetsim.serial import dump_json, from_dict, to_dict
 from hetsim.types import MemoryBreakdown
+from hetsim.workloads import Workload, workload_from_spec
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -51,7 +58,7 @@ class Job:
     out_dir: str = ""
     fault: Fault | None = None
     probe: bool = False
-    """Time hetsim.hostspeed's probe before every timed step (CPU ranks on a shared host)."""
+    """Time hetsim.profiling.hostspeed's probe before every timed step (CPU ranks on a shared host)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -95,16 +102,26 @@ def _inject(fault: Fault | None, rank: int, step: int) -> None:
         raise RuntimeError("injected crash")
 
 
-def run_job(job: Job) -> RankResult:
+@dataclass(frozen=True, kw_only=True)
+class RankEnv:
+    """What a rank knows when its executor is built: who it is, on what, for which workload."""
+
+    rank: int
+    world_size: int
+    device: object
+    """torch.device of this rank."""
+    workload: Workload
+    emulator: Emulator | None
+    backend: str
+
+
+BuildExecutor = Callable[[Job, RankEnv], object]
+"""(job, rank environment) -> the plan's executor for this rank (hetsim.strategies.rank builds it)."""
+
+
+def run_job(job: Job, build_executor: BuildExecutor) -> RankResult:
     import torch
     import torch.distributed as dist
-
-    from hetsim import strategies
-    from hetsim.emulation import Emulator
-    from hetsim.errors import EmulatedOutOfMemoryError
-    from hetsim.memtrack import measure_step
-    from hetsim.strategies.base import WorkerContext
-    from hetsim.workloads import workload_from_spec
 
     torch.set_num_threads(1)
     rank = int(os.environ.get("RANK", "0"))
@@ -115,19 +132,14 @@ def run_job(job: Job) -> RankResult:
     backend = "nccl" if device.type == "cuda" and all(d.get("backend") == "cuda" for d in job.devices) else "gloo"
     dist.init_process_group(backend=backend)
     if job.task == "commbench":
-        from hetsim.commbench import run_commbench
-
         return RankResult(rank=rank, status="ok", extra=run_commbench(device))
 
     emulator = None
     if dev.get("backend") == "emulated":
         emulator = Emulator(float(dev["speed"]), int(dev["memory_bytes"]), dev.get("name", f"rank {rank}"))
     wl = workload_from_spec(job.workload, job.optimizer)
-    plan = strategies.plan_from_dict(job.plan)
-    strat = strategies.get(plan.strategy)
-    ctx = WorkerContext(rank=rank, world_size=world, device=device, workload=wl, global_batch=job.global_batch,
-                        seed=job.seed, emulator=emulator, backend=backend)
-    ex = strat.executor(plan, ctx)
+    ex = build_executor(job, RankEnv(rank=rank, world_size=world, device=device, workload=wl, emulator=emulator,
+                                     backend=backend))
 
     if job.task == "grads":
         grads = ex.compute_grads()
@@ -184,8 +196,6 @@ def run_job(job: Job) -> RankResult:
                 break
     probe = None
     if job.probe and device.type == "cpu":
-        from hetsim.hostspeed import HostProbe
-
         probe = HostProbe()
     dist.barrier()
     times, probes = [], []
@@ -215,8 +225,6 @@ def _reference_grads(wl, global_batch: int, seed: int):
 
 
 def classify(exc: BaseException) -> str:
-    from hetsim.errors import EmulatedOutOfMemoryError
-
     text = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, (EmulatedOutOfMemoryError, MemoryError)) or "out of memory" in text.lower():
         return "oom"
@@ -225,16 +233,14 @@ def classify(exc: BaseException) -> str:
     return "error"
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    from hetsim.launcher import die_with_parent
-
+def main(argv: list[str], build_executor: BuildExecutor) -> int:
+    """Run the job file argv[0] on this rank with `build_executor`; write rank{R}.json; exit."""
     die_with_parent(signal.SIGKILL)  # a worker whose torchrun is gone has no one to report to
     job = from_dict(Job, json.loads(Path(argv[0]).read_text()))
     rank = int(os.environ.get("RANK", "0"))
     out = Path(job.out_dir) / f"rank{rank}.json"
     try:
-        res = run_job(job)
+        res = run_job(job, build_executor)
     except BaseException as e:  # every failure is reported as data, then the rank exits non-zero
         tail = "".join(traceback.format_exception(type(e), e, e.__traceback__))[-2000:]
         res = RankResult(rank=rank, status=classify(e), error=f"{type(e).__name__}: {e}\n{tail}",
@@ -258,16 +264,11 @@ def main(argv: list[str] | None = None) -> int:
 def summarize_steps(results: list[RankResult], ref_probe_s: float = 0.0) -> tuple[float, tuple[float, ...]]:
     """The step time of a run (the slowest rank's median step) and each rank's median; with
     `ref_probe_s`, every step is first expressed at that host speed, by the ranks' mean probe of
-    that step (hetsim.hostspeed.shared_probes; raw when a rank was not probed)."""
-    from hetsim.hostspeed import at_ref, shared_probes
-
+    that step (hetsim.profiling.hostspeed.shared_probes; raw when a rank was not probed)."""
     ranks = [r for r in results if r.step_times_s]
     probes = shared_probes([r.probe_s for r in ranks])
     meds = tuple(statistics.median(at_ref(r.step_times_s, probes, ref_probe_s)) for r in ranks)
     return (max(meds) if meds else float("nan")), meds
 
 
-__all__ = ["Fault", "Job", "RankResult", "main", "to_dict"]
-
-if __name__ == "__main__":
-    main()
+__all__ = ["BuildExecutor", "Fault", "Job", "RankEnv", "RankResult", "main", "run_job", "summarize_steps", "to_dict"]

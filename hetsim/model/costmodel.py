@@ -12,11 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from hetsim.cluster import Cluster, Device
 from hetsim.errors import ProfileError
-from hetsim.profiles import BlockProfile, ModelProfile, ProfileSet
+from hetsim.hardware.cluster import Cluster, Device
+from hetsim.profiling.store import BlockProfile, ModelProfile, ProfileSet, group_key
 from hetsim.types import Fit
-from hetsim.workloads import OPTIMIZER_STATE_PER_PARAM
+from hetsim.workloads.builtin import OPTIMIZER_STATE_PER_PARAM
 
 # Fraction of datasheet peak that convolution-heavy training reaches on a GPU
 # (typical published MFU of ResNet training); used only for catalog scaling.
@@ -149,10 +149,9 @@ class CostModel:
     def pipeline_action_s(self, mb: float) -> float:
         """Calibrated extra time of every compute action of a pipeline schedule on this cluster at micro-batch
         mb (0 when not calibrated): torch.distributed.pipelining's per-action work, waits for peers, p2p and
-        contention, as two real pipeline runs measured it (`hetsim.calibrate.calibrate_pipeline`).  May be
+        contention, as two real pipeline runs measured it (`hetsim.search.calibrate.calibrate_pipeline`).  May be
         negative: it corrects the block timings too."""
         def fits():
-            from hetsim.profiles import group_key
 
             key = group_key(self.cluster.devices)
             return [m.pipe_action_s[key] for m in self.profiles.models.values() if key in m.pipe_action_s]
@@ -172,7 +171,6 @@ class CostModel:
         """A calibrated per-group term of the model profiles (0 for one device or an uncalibrated group)."""
         if len(group) <= 1:
             return 0.0
-        from hetsim.profiles import group_key
 
         key = group_key([self.device(d) for d in group])
         vals = [getattr(m, field)[key] for m in self.profiles.models.values() if key in getattr(m, field)]

@@ -1,6 +1,6 @@
 """torchrun (`torch.distributed.run`) with two additions for hetsim's runs:
 
-    python -m hetsim.launcher <torchrun arguments>
+    python -m hetsim.execution.launcher <torchrun arguments>
 
 1. Loopback only.  torch's TCPStore server listens on every interface ('::'),
    even when the rendezvous endpoint is 127.0.0.1 (seen with torch 2.14: both

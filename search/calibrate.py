@@ -7,10 +7,26 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from hetsim.cluster import Cluster
-from hetsim.errors import ProfileMismatchError
-from hetsim.hostspeed import profile_ref
-from hetsim.profiles import CommProfile, DeviceProfile, ModelProfile, ProfileSet, load, save
+from hetsim.strategies.base import SearchContext
+from hetsim.strategies.ddp import DDP, DDPPlan
+from hetsim.strategies.pipeline import Pipeline
+from hetsim.strategies.zero import ZeRO
+
+from hetsim.errors import InfeasiblePlanError, ProfileMismatchError
+from hetsim.execution.runner import commbench, measure
+from hetsim.hardware.cluster import Cluster
+from hetsim.model.costmodel import CostModel
+from hetsim.profiling.hostspeed import profile_ref
+from hetsim.profiling.measure import device_fingerprint, profile_device, profile_model
+from hetsim.profiling.store import (
+    CommProfile,
+    DeviceProfile,
+    ModelProfile,
+    ProfileSet,
+    group_key,
+    load,
+    save,
+)
 from hetsim.types import Fit
 
 Say = Callable[[str], None]
@@ -49,10 +65,7 @@ def calibrate_residual(device, workload, prof: ModelProfile, dev_prof: DevicePro
     what the isolated block timings miss (measured step - predicted step), per micro-step."""
     from dataclasses import replace
 
-    from hetsim.costmodel import CostModel
-    from hetsim.runner import measure
-    from hetsim.strategies.ddp import DDP, DDPPlan
-    from hetsim.types import Fit
+
 
     one_dev = replace(device, speed=1.0, memory_bytes=1 << 50, index=device.index)
     one = Cluster(spec="calibration", source=device.backend if device.backend != "catalog" else "emulated",
@@ -78,8 +91,6 @@ def obtain_profiles(cluster: Cluster, workload, *, root: Path, global_batch: int
                     reprofile: bool = False, say: Say = print, launch_cfg=None) -> ProfileSet:
     import torch
 
-    from hetsim.profiling import device_fingerprint, profile_device, profile_model
-    from hetsim.runner import commbench
 
     torch.set_num_threads(1)  # each worker process computes with one thread
     measured_kinds = [k for k in cluster.kinds if any(d.kind == k and d.backend != "catalog" for d in cluster.devices)]
@@ -127,7 +138,6 @@ def obtain_profiles(cluster: Cluster, workload, *, root: Path, global_batch: int
 def calibrate_sync(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say) -> ProfileSet:
     """Run the uniform data-parallel step on the whole cluster once and record what the simulated
     gradient synchronisation misses (contention between ranks, gloo progress), per model kind."""
-    from hetsim.strategies.ddp import DDP
 
     return _calibrate_uniform(cluster, workload, profiles, root, say, DDP(), "sync_residual_s",
                               "gradient synchronisation: a real uniform step",
@@ -138,7 +148,6 @@ def calibrate_sharded(cluster: Cluster, workload, profiles: ProfileSet, root: Pa
     """Run the uniform FSDP (ZeRO-3) step on the whole cluster once and record what its simulation
     misses beyond the data-parallel synchronisation term (on CPU: gloo all-gathers that re-gather
     each block in backward while the peer rank computes; measured 26-40% slower than simulated)."""
-    from hetsim.strategies.zero import ZeRO
 
     return _calibrate_uniform(cluster, workload, profiles, root, say, ZeRO(), "shard_residual_s",
                               "sharded data parallelism: a real uniform FSDP step",
@@ -151,10 +160,7 @@ def _calibrate_uniform(cluster: Cluster, workload, profiles: ProfileSet, root: P
     stored in each model profile's `field` under the cluster's group key (once per group)."""
     from dataclasses import replace
 
-    from hetsim.costmodel import CostModel
-    from hetsim.profiles import group_key
-    from hetsim.runner import measure
-    from hetsim.strategies.base import SearchContext
+
 
     key = group_key(cluster.devices)
     tag = f"{field}:{key}"
@@ -194,7 +200,6 @@ def fit_action_residual(points: list[tuple[float, float, float]]) -> Fit:
     """Per-action residual a + b * micro from (micro-batch size, actions on the critical path, step
     residual) of real runs: each run's residual spread over its critical actions, then a line through
     the per-action values (a constant from one run)."""
-    from hetsim.types import Fit
 
     per = [(mb, r / n) for mb, n, r in points if n > 0]
     if not per:
@@ -211,8 +216,7 @@ def calibration_pipeline_plans(cost, global_batch: int, min_micro: int) -> list:
     boundaries solved as the search would; one micro-batch (the largest micro-batch, model
     parallelism), then 1F1B with 2 micro-batches per rank where the batch allows (fill, steady state
     and drain all occur at a small micro-batch)."""
-    from hetsim.errors import InfeasiblePlanError
-    from hetsim.strategies.pipeline import Pipeline
+
 
     P = len(cost.cluster.devices)
     out = []
@@ -234,11 +238,7 @@ def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: P
     waits, contention between ranks and small-micro-batch costs that isolated block timings miss."""
     from dataclasses import replace
 
-    from hetsim.costmodel import CostModel
-    from hetsim.profiles import group_key
-    from hetsim.runner import measure
-    from hetsim.strategies.pipeline import Pipeline
-    from hetsim.types import Fit
+
 
     key = group_key(cluster.devices)
     if all(key in m.pipe_action_s for m in profiles.models.values()):

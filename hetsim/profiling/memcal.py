@@ -1,7 +1,7 @@
 """Memory calibration of a model profile: one plain training step of the whole model, measured.
 
-The per-block profile (hetsim.profiling) measures each block alone.  Two things only the whole
-model shows, and hetsim.memory needs them: how many saved bytes adjacent blocks share (a block's
+The per-block profile (hetsim.profiling.measure) measures each block alone.  Two things only the whole
+model shows, and hetsim.model.memory needs them: how many saved bytes adjacent blocks share (a block's
 output that the next block saves as its input is one tensor), and the temporaries at the peak of
 a step.  Both are measured the way real runs are measured (MemTracker, step index 1, after a
 warm-up step created the optimizer state) at two micro-batch sizes and fitted linearly.
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from hetsim.memtrack import measure_step
-from hetsim.profiles import MemoryCalibration
+from hetsim.execution.memtrack import measure_step
+from hetsim.profiling.store import MemoryCalibration
 from hetsim.types import Fit
-from hetsim.workloads import Workload
+from hetsim.workloads.builtin import Workload
 
 
 def _autocast(device: torch.device, precision: str):

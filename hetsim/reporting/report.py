@@ -21,7 +21,7 @@ class Row:
     predicted: Prediction
     measured: Measurement | None
     ref_probe_s: float = 0.0
-    """The profiles' host-speed probe (hetsim.hostspeed): a probed run's step is compared with the
+    """The profiles' host-speed probe (hetsim.profiling.hostspeed): a probed run's step is compared with the
     prediction at that host speed.  0: compare raw times (GPUs, unprobed profiles)."""
 
 
@@ -29,7 +29,7 @@ class Row:
 class ReportData:
     study: str
     model: str
-    cluster: object  # hetsim.cluster.Cluster
+    cluster: object  # hetsim.hardware.cluster.Cluster
     global_batch: int
     candidates: list[Row]
     baseline: Row | None
@@ -186,7 +186,7 @@ def table_rows(data: ReportData) -> list[list[str]]:
 
 HEADER = ["#", "plan", "pred samples/s", "meas samples/s", "step err %", "host speed", "speedup", "pred MiB", "meas MiB"]
 HOST_SPEED_NOTE = ("host speed: how fast this machine ran during the run relative to when its profiles were "
-                   "recorded, from a fixed probe timed before every step (hetsim.hostspeed); \"step err %\" "
+                   "recorded, from a fixed probe timed before every step (hetsim.profiling.hostspeed); \"step err %\" "
                    "compares the prediction with the measured step at the profiles' host speed, \"meas "
                    "samples/s\" is the raw throughput.")
 

@@ -1,6 +1,6 @@
 """Peak memory of one data-parallel device (families `ddp` and `zero`), as hetsim measures it.
 
-What is measured (hetsim.memtrack): tensor bytes at the peak of the *second* training
+What is measured (hetsim.execution.memtrack): tensor bytes at the peak of the *second* training
 step (step index 1), when the optimizer state already exists.  The model is
 
     peak = model state + max over the step's phases of (activations + temporaries + comm buffers)
@@ -44,10 +44,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hetsim.types import MemoryBreakdown
-from hetsim.workloads import OPTIMIZER_STATE_PER_PARAM
+from hetsim.workloads.builtin import OPTIMIZER_STATE_PER_PARAM
 
 if TYPE_CHECKING:
-    from hetsim.costmodel import CostModel
+    from hetsim.model.costmodel import CostModel
 
 WORKING_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 """Bytes per element of the parameters FSDP2 gathers (MixedPrecisionPolicy param_dtype)."""

@@ -20,12 +20,16 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from hetsim.cluster import Cluster
-from hetsim.hostspeed import ref_of
-from hetsim.profiles import CommProfile
+from hetsim.errors import HetsimError
+from hetsim.execution.worker import Fault, Job, RankResult, summarize_steps
+from hetsim.hardware.cluster import Cluster
+from hetsim.profiling.hostspeed import ref_of
+from hetsim.profiling.store import CommProfile
 from hetsim.serial import dump_json, from_dict, to_dict
 from hetsim.types import Fit, Measurement
-from hetsim.worker import Fault, Job, RankResult, summarize_steps
+
+WORKER_MODULE = "hetsim.strategies.rank"
+"""What torchrun starts on every rank (by module name: the core launches it, never imports it)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -47,7 +51,7 @@ class Launch:
                 a += ["--node-rank", str(self.node_rank)]
         else:
             # One node on the loopback interface: port 0 lets the store pick a free port without a race,
-            # hetsim.launcher binds it to 127.0.0.1, and the workers reach it at --local-addr.
+            # hetsim.execution.launcher binds it to 127.0.0.1, and the workers reach it at --local-addr.
             a += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--rdzv-id", f"hetsim-{uuid.uuid4().hex[:12]}",
                   "--local-addr", "127.0.0.1"]
         return a
@@ -59,7 +63,9 @@ class Launch:
 
 
 def _project_root() -> str:
-    return str(Path(__file__).resolve().parent.parent)
+    """The folder that holds the `hetsim` package: on the workers' PYTHONPATH so that a clean
+    clone runs without an install (the one path setting the fixed layout needs)."""
+    return str(Path(__file__).resolve().parents[2])
 
 
 def launch(job: Job, nproc: int, timeout_s: float, launch_cfg: Launch | None = None) -> tuple[list[RankResult], str, bool]:
@@ -71,7 +77,7 @@ def launch(job: Job, nproc: int, timeout_s: float, launch_cfg: Launch | None = N
         f.unlink()
     job_file = out_dir / "job.json"
     dump_json(job, job_file)
-    cmd = [sys.executable, "-m", "hetsim.launcher", *cfg.args(nproc), "-m", "hetsim.worker", str(job_file)]
+    cmd = [sys.executable, "-m", "hetsim.execution.launcher", *cfg.args(nproc), "-m", WORKER_MODULE, str(job_file)]
     env = dict(os.environ)
     env["PYTHONPATH"] = _project_root() + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -297,7 +303,6 @@ def _failure(by_rank: dict[int, RankResult], n: int, tail: str, timed_out: bool,
 def commbench(cluster: Cluster, nproc: int, fingerprint: dict[str, str], timeout_s: float = 300,
               launch_cfg: Launch | None = None) -> CommProfile:
     """Measure all-reduce, all-gather and send/recv over a real group of nproc ranks."""
-    from hetsim.errors import HetsimError
 
     out = tempfile.mkdtemp(prefix="hetsim-comm-")
     devs = tuple(range(nproc))

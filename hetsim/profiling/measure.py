@@ -1,7 +1,7 @@
 """Measurements: device microbenchmarks and per-block model profiles (one process, one thread).
 
 The collective profile needs the real process group and is measured by the
-worker (`hetsim.worker`, task 'commbench').
+worker (`hetsim.execution.worker`, task 'commbench').
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from hetsim.hostspeed import HostProbe, at_ref, ref_of
-from hetsim.memprofile import profile_memory
-from hetsim.profiles import BlockProfile, BlockTiming, DeviceProfile, ModelProfile
+from hetsim.profiling.hostspeed import HostProbe, at_ref, ref_of
+from hetsim.profiling.memcal import profile_memory
+from hetsim.profiling.store import BlockProfile, BlockTiming, DeviceProfile, ModelProfile
 from hetsim.types import Fit
-from hetsim.workloads import Workload, make_optimizer
+from hetsim.workloads.builtin import Workload, make_optimizer
 
 FORMAT = "3"
 """Part of every profile's fingerprint: bump it when a measured field changes meaning (what is timed,
@@ -26,7 +26,7 @@ how, in which unit), so that recorded profiles are measured again.  A new field 
 no bump unless a profile without it would be used wrongly.  2: the memory calibration on GPUs no
 longer counts tensors alive before the step, and profiles gained the gradient cosine per precision
 (without it a precision's numerics go unchecked) and the host optimizer step.  3: CPU timings are
-kept at the host speed of the profile's probe (hetsim.hostspeed), calibration runs included."""
+kept at the host speed of the profile's probe (hetsim.profiling.hostspeed), calibration runs included."""
 
 
 def cpu_name() -> str:
@@ -151,7 +151,7 @@ def profile_model(
     fulls: list[tuple[float, float, int]] = []  # whole-model time, its probe, the index of its micro-batch
     input_bytes = 0
     # On a CPU every timing is taken beside a host-speed probe and kept at the profile's reference
-    # speed (hetsim.hostspeed): the host's slow and fast phases would otherwise bend the fits.
+    # speed (hetsim.profiling.hostspeed): the host's slow and fast phases would otherwise bend the fits.
     probe = HostProbe() if device.type == "cpu" else None
     probes: list[float] = []
 

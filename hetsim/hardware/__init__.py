@@ -1,0 +1,1 @@
+"""Hardware: devices, links and every `--cluster` form (emulated, CUDA, catalog, TOML)."""

@@ -1,0 +1,1 @@
+"""The model of a training step: cost model, memory model and the event simulator."""

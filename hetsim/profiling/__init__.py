@@ -1,0 +1,1 @@
+"""Profiling: device, block, memory and collective measurements, the profile store with its fingerprints, and the host-speed probe."""

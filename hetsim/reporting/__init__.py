@@ -1,0 +1,1 @@
+"""Reporting: metrics, figures, the Markdown/HTML renderers and timeline traces."""
