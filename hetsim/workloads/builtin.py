@@ -173,7 +173,14 @@ BUILTIN = {
     "resnet18_gn": lambda size: torchvision_resnet("resnet18", size, groupnorm=True),
     "mlp": lambda size: mlp(),
     "gn_resnet": lambda size: gn_resnet(size),
+    "gpt": lambda size: _gpt(),
 }
+
+
+def _gpt() -> Workload:
+    from hetsim.workloads.transformer import gpt_workload  # transformer.py builds on Workload above
+
+    return gpt_workload()
 IMAGE_MODELS = {"resnet50", "resnet18", "resnet18_gn", "gn_resnet"}
 
 
@@ -237,7 +244,12 @@ def _load_user(spec: str) -> Workload:
 
 def workload_from_spec(spec: str, optimizer: str = "adamw") -> Workload:
     """Rebuild a workload in a worker process from its `spec` string."""
-    if "@" in spec and ":" not in spec:
+    if spec.startswith("gpt@"):  # gpt@PRESET[@SEQ_LEN]
+        from hetsim.workloads.transformer import gpt_workload
+
+        preset, _, seq = spec[4:].partition("@")
+        wl = gpt_workload(preset, int(seq) if seq else None)
+    elif "@" in spec and ":" not in spec:
         name, size = spec.split("@")
         wl = load_workload(name, int(size))
     else:
