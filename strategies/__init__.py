@@ -31,8 +31,8 @@ __all__ = [
 _REGISTRY: dict[str, Strategy] = {}
 _loaded = False
 ENTRY_POINT_GROUP = "hetsim.strategies"
-NOT_FAMILIES = frozenset({"base", "rank"})
-"""Modules of this package that define no family: the contract and the per-rank entry point."""
+NOT_FAMILIES = frozenset({"base", "helpers", "rank"})
+"""Modules of this package that define no family: the contract, the shared helpers, the per-rank entry point."""
 
 
 def register(cls: type[Strategy]) -> type[Strategy]:

@@ -28,8 +28,8 @@ from torch import nn
 
 from hetsim.execution.memtrack import measure_step, peak_breakdown
 
-from ._common import apply_checkpointing, autocast, full_grads
 from ._pipeline_sched import ZERO_BUBBLE, rank_stages
+from .helpers import apply_checkpointing, autocast, full_grads
 
 
 class _CategoryTotalsOnly:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from hetsim.errors import InfeasiblePlanError, UnknownNameError
 from hetsim.model.memory import block_activations, optimizer_step_temp_bytes, temporaries_bytes
-from hetsim.model.simulator import TaskGraph
+from hetsim.model.simulator import Resource, TaskGraph, TaskKind
 from hetsim.types import MemoryBreakdown
 
 if TYPE_CHECKING:
@@ -229,31 +229,31 @@ def add_pipeline(g: TaskGraph, cost: CostModel, devices: Sequence[int], boundari
 
     for r, rank_acts in enumerate(acts):
         d = devices[r]
-        res = f"dev{d}"
+        res = Resource.device(d)
         for a in rank_acts:
             s, j = a.stage, a.mb
             lo, hi = boundaries[s], boundaries[s + 1]
             lbl = f"{tag}{a}"
             if a.kind == "F":
                 dur = cost.fwd_s(d, lo, hi, micro, precision) + cost.stage_overhead_s(d, lo, hi, micro, precision) + extra
-                spec(("F", s, j), res, "F", dur, (act_ready(s, j),) if s > 0 else (), lbl)
+                spec(("F", s, j), res, TaskKind.FORWARD, dur, (act_ready(s, j),) if s > 0 else (), lbl)
                 if s + 1 < n_stages and dev_of[s + 1] != d:
                     nbytes = cost.blocks()[hi - 1].out_bytes_per_sample * micro
-                    spec(("xf", s, j), f"link{d}->{dev_of[s + 1]}", "p2p", cost.p2p_s(nbytes, d, dev_of[s + 1]),
+                    spec(("xf", s, j), Resource.link(d, dev_of[s + 1]), TaskKind.P2P, cost.p2p_s(nbytes, d, dev_of[s + 1]),
                          (("F", s, j),), f"{tag}act {s}->{s + 1} mb{j}")
             elif a.kind in ("B", "I"):
                 bwd = cost.bwd_s(d, lo, hi, micro, precision)
                 share = 1.0 if a.kind == "B" else INPUT_GRAD_FRACTION
                 dur = share * bwd + cost.recompute_s(d, lo, hi, micro, precision, ckpt) + extra
                 deps = (("F", s, j),) + ((grad_ready(s, j),) if s + 1 < n_stages else ())
-                spec(("I", s, j), res, "B", dur, deps, lbl)
+                spec(("I", s, j), res, TaskKind.BACKWARD, dur, deps, lbl)
                 if s > 0 and dev_of[s - 1] != d:
                     nbytes = cost.blocks()[lo - 1].out_bytes_per_sample * micro
-                    spec(("xb", s, j), f"link{d}->{dev_of[s - 1]}", "p2p", cost.p2p_s(nbytes, d, dev_of[s - 1]),
+                    spec(("xb", s, j), Resource.link(d, dev_of[s - 1]), TaskKind.P2P, cost.p2p_s(nbytes, d, dev_of[s - 1]),
                          (("I", s, j),), f"{tag}grad {s}->{s - 1} mb{j}")
             else:  # W
                 dur = (1.0 - INPUT_GRAD_FRACTION) * cost.bwd_s(d, lo, hi, micro, precision) + extra
-                spec(("W", s, j), res, "W", dur, (("I", s, j),), lbl)
+                spec(("W", s, j), res, TaskKind.WEIGHT_GRAD, dur, (("I", s, j),), lbl)
 
     # Pass 2: add them with resolved ids.
     base = len(g.tasks)

@@ -8,20 +8,30 @@ the full-batch gradient whatever the split.
 from __future__ import annotations
 
 import contextlib
-import heapq
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hetsim.errors import InfeasiblePlanError
-from hetsim.hardware.cluster import interchangeable_groups
 from hetsim.model.memory import data_parallel_memory  # the memory model of ddp and zero
-from hetsim.model.simulator import TaskGraph
+from hetsim.model.simulator import Resource, TaskGraph, TaskKind
 from hetsim.types import MemoryBreakdown
 
 from . import register
-from ._common import apply_checkpointing, autocast, full_grads
-from .base import Plan, SearchContext, Strategy, WorkerContext, batchnorm_warning
+from .base import Plan, SearchContext, Strategy, WorkerContext
+from .helpers import (
+    apply_checkpointing,
+    autocast,
+    balance_batch,
+    batchnorm_warning,
+    choose_accum,
+    choose_common,
+    choose_devices,
+    full_grads,
+    local_floor,
+    min_micro_batch,
+    split_evenly,
+    uneven_split,
+)
 
 if TYPE_CHECKING:
     from hetsim.model.costmodel import CostModel
@@ -43,12 +53,6 @@ class DDPPlan(Plan):
         return sum(self.local_batch)
 
 
-def micro_sizes(local: int, accum: int) -> list[int]:
-    """`local` samples in `accum` parts as evenly as possible (the first ones take the remainder)."""
-    base, rem = divmod(local, accum)
-    return [base + (1 if j < rem else 0) for j in range(accum)]
-
-
 def buckets(cost: CostModel) -> list[tuple[int, int]]:
     """DDP gradient buckets as (lowest block, bytes), in the order they become ready (last block first)."""
     out: list[tuple[int, int]] = []
@@ -67,141 +71,6 @@ def buckets(cost: CostModel) -> list[tuple[int, int]]:
     return out
 
 
-def balance_batch(cost: CostModel, devices: tuple[int, ...], global_batch: int, accum: int,
-                  precision: str, ckpt: int, min_local: int, *,
-                  memory_fn: Callable[[int, int], MemoryBreakdown] | None = None) -> tuple[int, ...]:
-    """Exact min-max split: each next sample goes to the device that finishes it soonest.
-
-    Per-device step time is non-decreasing in its batch, so this greedy is optimal for
-    the slowest-device objective.  Memory caps bound each device's share when they can;
-    `memory_fn(device, micro_batch)` gives a family's own memory model (default: plain DDP's).
-
-    A heap of (time with one more sample, position) keeps the greedy at O(batch log devices)
-    step-time evaluations instead of O(batch x devices); ties go to the lowest position, as a
-    linear scan would.  A device that cannot fit one more sample never can later (its share no
-    longer changes), so it leaves the heap for good.
-    """
-    n = cost.facts.n_blocks
-    floor = max(min_local, accum)
-    if floor * len(devices) > global_batch:
-        raise InfeasiblePlanError(
-            f"global batch {global_batch} cannot give each of {len(devices)} devices at least {floor} samples "
-            f"(min local batch {min_local}, {accum} accumulation steps); raise --global-batch or use fewer devices"
-        )
-    opt_params = cost.param_count()
-    fit_memo: dict[tuple[int, int], bool] = {}
-
-    def compute_time(d: int, b: int) -> float:
-        t = sum(cost.fwd_s(d, 0, n, m, precision) + cost.bwd_s(d, 0, n, m, precision)
-                + cost.recompute_s(d, 0, n, m, precision, ckpt) + cost.overhead_s(d, m)
-                for m in micro_sizes(b, accum))
-        return t + cost.opt_s(d, opt_params)
-
-    def step_time(i: int, b: int) -> float:
-        d = devices[i]
-        return cost.memo(("ddp_step", d, b, accum, precision, ckpt), lambda: compute_time(d, b))
-
-    def fits(i: int, b: int) -> bool:
-        d = devices[i]
-        micro = -(-b // accum)
-        key = (d, micro)
-        if key not in fit_memo:
-            m = memory_fn(d, micro) if memory_fn else data_parallel_memory(cost, d, micro, precision, ckpt)
-            fit_memo[key] = m.total_bytes <= cost.device(d).memory_bytes
-        return fit_memo[key]
-
-    extra = global_batch - floor * len(devices)
-    for respect_memory in (True, False):
-        local = [floor] * len(devices)
-        heap = [(step_time(i, floor + 1), i) for i in range(len(devices))]
-        heapq.heapify(heap)
-        placed = 0
-        while placed < extra and heap:
-            _, i = heapq.heappop(heap)
-            if respect_memory and not fits(i, local[i] + 1):
-                continue
-            local[i] += 1
-            placed += 1
-            heapq.heappush(heap, (step_time(i, local[i] + 1), i))
-        if placed == extra:
-            break
-    return tuple(local)
-
-
-def choose_devices(trial, ctx: SearchContext) -> tuple[int, ...]:
-    """Which devices take part, in index order: one suggestion per group of interchangeable devices.
-
-    A device like no other is a yes/no, `use_dev{i}` (as before groups existed, so a study over
-    mismatched devices samples exactly as it did).  A group of k identical devices is a count
-    0..k, `count_dev{first}`, and takes the group's first devices: which ones cannot change a
-    prediction.  On 64 devices of 4 kinds that is 4 counts instead of 64 coins, which TPE handles
-    far faster and which reaches any subset size with fair odds (64 coins almost always pick ~32).
-    """
-    cost = ctx.cost
-    if cost.n_devices == 1:
-        return (0,)
-    groups = cost.memo(("interchangeable_groups",), lambda: interchangeable_groups(cost.cluster))
-    used: list[int] = []
-    for g in groups:
-        if len(g) == 1:
-            if trial.suggest_categorical(f"use_dev{g[0]}", [True, False]):
-                used.append(g[0])
-        else:
-            used.extend(g[: trial.suggest_int(f"count_dev{g[0]}", 0, len(g))])
-    if not used:
-        raise InfeasiblePlanError(
-            "the trial chose no device (every use_dev* is False and every count_dev* is 0); "
-            "a plan needs at least one device"
-        )
-    return tuple(sorted(used))
-
-
-def choose_common(trial, ctx: SearchContext, devices: tuple[int, ...]) -> tuple[str, int]:
-    cost = ctx.cost
-    precs = [p for p in ctx.precisions if all(_precision_ok(cost, d, p) for d in devices)] or ["fp32"]
-    precision = trial.suggest_categorical("precision", list(ctx.precisions))
-    if precision not in precs:
-        raise InfeasiblePlanError(f"precision {precision} is not supported by every chosen device")
-    n = cost.facts.n_blocks
-    ckpt = trial.suggest_categorical("checkpoint_blocks", [0, n // 2, n]) if ctx.checkpointing else 0
-    return precision, ckpt
-
-
-def choose_accum(trial, ctx: SearchContext) -> int:
-    """Gradient-accumulation steps (always 1 where samples share batch statistics)."""
-    if ctx.cost.facts.batch_coupled:
-        return 1
-    return trial.suggest_categorical("accum_steps", [a for a in (1, 2, 4) if a <= ctx.max_accum])
-
-
-def local_floor(ctx: SearchContext, accum: int) -> int:
-    """Fewest samples a device's local batch may have: BatchNorm needs two in every micro-batch,
-    not just in every local batch."""
-    return max(DDP.min_local(ctx), accum * (2 if ctx.cost.facts.has_batchnorm else 1))
-
-
-def uniform_split(global_batch: int, n: int) -> tuple[int, ...]:
-    """The same local batch on n devices (the first ones take the remainder)."""
-    return tuple(micro_sizes(global_batch, n))
-
-
-def uneven_split(global_batch: int, n: int) -> tuple[int, ...]:
-    """An example uneven split: device 0 takes what the others, at gb // (n + 1) each, leave."""
-    if n == 1:
-        return (global_batch,)
-    rest = global_batch // (n + 1)
-    return tuple([global_batch - rest * (n - 1)] + [rest] * (n - 1))
-
-
-def _precision_ok(cost: CostModel, dev: int, precision: str) -> bool:
-    d = cost.device(dev)
-    if precision == "bf16":
-        return d.supports_bf16
-    if precision == "fp16":
-        return d.backend != "emulated"  # fp16 autocast with loss scaling is CUDA-only
-    return True
-
-
 def data_parallel_graph(cost: CostModel, devices: tuple[int, ...], local_batch: tuple[int, ...], accum: int,
                         precision: str, ckpt: int, opt_params: list[float],
                         extra_before_opt=None) -> TaskGraph:
@@ -210,29 +79,29 @@ def data_parallel_graph(cost: CostModel, devices: tuple[int, ...], local_batch: 
     g = TaskGraph()
     bwd_done: dict[tuple[int, int], int] = {}
     for i, d in enumerate(devices):
-        res = f"dev{d}"
-        micro = micro_sizes(local_batch[i], accum)
+        res = Resource.device(d)
+        micro = split_evenly(local_batch[i], accum)
         for j, m in enumerate(micro):
-            g.add(res, "F", cost.fwd_s(d, 0, n, m, precision) + cost.overhead_s(d, m), label=f"F{j}")
+            g.add(res, TaskKind.FORWARD, cost.fwd_s(d, 0, n, m, precision) + cost.overhead_s(d, m), label=f"F{j}")
             last = j == len(micro) - 1
             for k in reversed(range(n)):
                 dur = cost.bwd_s(d, k, k + 1, m, precision) + cost.recompute_s(d, k, k + 1, m, precision, ckpt)
-                tid = g.add(res, "B", dur, label=f"B{j}.{k}")
+                tid = g.add(res, TaskKind.BACKWARD, dur, label=f"B{j}.{k}")
                 if last:
                     bwd_done[(i, k)] = tid
     group = tuple(devices)
     comm = []
     for low, nbytes in buckets(cost):
         deps = [bwd_done[(i, low)] for i in range(len(devices))]
-        comm.append(g.add("comm", "allreduce", cost.allreduce_s(nbytes, group), deps, label=f"allreduce {nbytes >> 20} MiB"))
+        comm.append(g.add(Resource.COMM, TaskKind.ALLREDUCE, cost.allreduce_s(nbytes, group), deps, label=f"allreduce {nbytes >> 20} MiB"))
     sync = cost.sync_residual_s(group)
     if sync and comm:
-        comm.append(g.add("comm", "sync", sync, [comm[-1]], label="sync (calibrated)"))
+        comm.append(g.add(Resource.COMM, TaskKind.SYNC, sync, [comm[-1]], label="sync (calibrated)"))
     for i, d in enumerate(devices):
         deps = list(comm)
         if extra_before_opt is not None:
             deps += extra_before_opt(g, i, d)
-        g.add(f"dev{d}", "opt", cost.opt_s(d, opt_params[i]), deps, label="opt")
+        g.add(Resource.device(d), TaskKind.OPTIMIZER, cost.opt_s(d, opt_params[i]), deps, label="opt")
     return g
 
 
@@ -241,18 +110,14 @@ class DDP(Strategy):
     name = "ddp"
     plan_type = DDPPlan
     display_name = "data parallel (uneven batch)"
+    param_prefix = ""  # bare Optuna names until results/golden is re-recorded (see Strategy.param_prefix)
 
     def space(self, trial, ctx: SearchContext) -> DDPPlan:
-        devices = choose_devices(trial, ctx)
-        precision, ckpt = choose_common(trial, ctx, devices)
-        accum = choose_accum(trial, ctx)
+        devices = choose_devices(trial, ctx, self.param)
+        precision, ckpt = choose_common(trial, ctx, devices, self.param)
+        accum = choose_accum(trial, ctx, self.param)
         local = balance_batch(ctx.cost, devices, ctx.global_batch, accum, precision, ckpt, local_floor(ctx, accum))
         return DDPPlan(devices=devices, local_batch=local, accum_steps=accum, precision=precision, checkpoint_blocks=ckpt)
-
-    @staticmethod
-    def min_local(ctx: SearchContext) -> int:
-        # BatchNorm needs more than one value per channel in every micro-batch.
-        return max(ctx.min_local_batch, 2 if ctx.cost.facts.has_batchnorm else 1)
 
     def examples(self, ctx: SearchContext) -> list[DDPPlan]:
         n = ctx.cost.n_devices
@@ -267,7 +132,7 @@ class DDP(Strategy):
     def baseline(self, ctx: SearchContext) -> DDPPlan:
         """What a user runs by default: every device, the same local batch, fp32, no accumulation."""
         n = ctx.cost.n_devices
-        return DDPPlan(devices=tuple(range(n)), local_batch=uniform_split(ctx.global_batch, n))
+        return DDPPlan(devices=tuple(range(n)), local_batch=tuple(split_evenly(ctx.global_batch, n)))
 
     def validate(self, plan: DDPPlan, cost) -> None:
         super().validate(plan, cost)
@@ -304,7 +169,7 @@ class DDP(Strategy):
         """When no device can hold even the smallest data-parallel footprint (the whole training state,
         one smallest micro-batch, every block checkpointed): which device, how many bytes over; else None."""
         cost = ctx.cost
-        micro = max(ctx.min_local_batch, 2 if cost.facts.has_batchnorm else 1)
+        micro = min_micro_batch(ctx)
         n = cost.facts.n_blocks
         parts = []
         for d in range(cost.n_devices):
@@ -345,7 +210,7 @@ class DataParallelExecutor:
         x, y = ctx.workload.make_batch(plan.global_batch, ctx.seed)
         lo = sum(plan.local_batch[: ctx.rank])
         hi = lo + plan.local_batch[ctx.rank]
-        sizes = micro_sizes(hi - lo, plan.accum_steps)
+        sizes = split_evenly(hi - lo, plan.accum_steps)
         self.micro = [(a.to(ctx.device), b.to(ctx.device)) for a, b in zip(torch.split(x[lo:hi], sizes),
                                                                          torch.split(y[lo:hi], sizes))]
         # DDP and FSDP average over ranks: scaling each rank's loss sum by world/global gives the

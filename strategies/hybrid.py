@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hetsim.errors import InfeasiblePlanError
-from hetsim.model.simulator import TaskGraph
+from hetsim.model.simulator import Resource, TaskGraph, TaskKind
 from hetsim.types import MemoryBreakdown
 
 from . import register
@@ -42,14 +42,13 @@ from ._pipeline_sched import (
     stage_rank,
 )
 from .base import Plan, SearchContext, Strategy, WorkerContext
-from .ddp import choose_common
+from .helpers import choose_common, min_micro_batch
 from .pipeline import (
     check_common,
     choose_microbatches,
     choose_schedule,
     choose_stages_per_rank,
     knobs_label,
-    min_micro,
     ordered_devices,
     stages_label,
 )
@@ -164,6 +163,7 @@ class Hybrid(Strategy):
     name = "hybrid"
     plan_type = HybridPlan
     display_name = "data-parallel pipelines"
+    param_prefix = ""  # bare Optuna names until results/golden is re-recorded (see Strategy.param_prefix)
 
     def unavailable(self, ctx: SearchContext) -> str | None:
         if not shapes(ctx.cost.n_devices, ctx.cost.facts.n_blocks):
@@ -177,15 +177,15 @@ class Hybrid(Strategy):
         choices = shapes(ctx.cost.n_devices, ctx.cost.facts.n_blocks)
         if not choices:
             raise InfeasiblePlanError(f"hybrid {self.unavailable(ctx)}")
-        R, P = map(int, trial.suggest_categorical("shape", [f"{r}x{p}" for r, p in choices]).split("x"))
-        devices = ordered_devices(trial, ctx, count=R * P)
-        schedule = choose_schedule(trial, ctx, P)
-        v = choose_stages_per_rank(trial, schedule, P, ctx.cost.facts.n_blocks)
-        m = choose_microbatches(trial, ctx, schedule, P, v, replicas=R)
-        precision, ckpt = choose_common(trial, ctx, devices)
+        R, P = map(int, trial.suggest_categorical(self.param("shape"), [f"{r}x{p}" for r, p in choices]).split("x"))
+        devices = ordered_devices(trial, ctx, self.param, count=R * P)
+        schedule = choose_schedule(trial, ctx, self.param, P)
+        v = choose_stages_per_rank(trial, self.param, schedule, P, ctx.cost.facts.n_blocks)
+        m = choose_microbatches(trial, ctx, self.param, schedule, P, v, replicas=R)
+        precision, ckpt = choose_common(trial, ctx, devices, self.param)
         return self.solve(ctx.cost, devices, replicas=R, schedule=schedule, stages_per_rank=v, microbatches=m,
                           global_batch=ctx.global_batch, precision=precision, checkpoint_blocks=ckpt,
-                          min_micro_size=min_micro(ctx))
+                          min_micro_size=min_micro_batch(ctx))
 
     def solve(self, cost: CostModel, devices: tuple[int, ...], *, replicas: int, schedule: str,
               stages_per_rank: int = 1, microbatches: int, global_batch: int, precision: str = "fp32",
@@ -232,7 +232,7 @@ class Hybrid(Strategy):
         cost, gb = ctx.cost, ctx.global_batch
         n, nb = cost.n_devices, cost.facts.n_blocks
         devs = tuple(range(n))
-        mm = min_micro(ctx)
+        mm = min_micro_batch(ctx)
         builders = []
         if n >= 4 and n % 2 == 0:  # the real thing: 2 replicas x n/2 pipeline ranks
             m4 = next((k for k in divisors(gb) if k >= n // 2 and gb // k >= 2 * mm), 1)
@@ -296,12 +296,12 @@ class Hybrid(Strategy):
             reduced = []
             if R > 1:
                 nbytes = sum(cost.param_bytes(plan.boundaries[s], plan.boundaries[s + 1]) for s in mine)
-                reduced.append(g.add(f"dp{r}", "allreduce", cost.allreduce_s(nbytes, group),
+                reduced.append(g.add(Resource.group(r), TaskKind.ALLREDUCE, cost.allreduce_s(nbytes, group),
                                      [tasks[i].last[r] for i in range(R)],
                                      label=f"allreduce stages {','.join(map(str, mine))}"))
             for i in range(R):
                 d = plan.replica_devices(i)[r]
-                g.add(f"dev{d}", "opt", cost.opt_s(d, count), [tasks[i].last[r], *reduced], label="opt")
+                g.add(Resource.device(d), TaskKind.OPTIMIZER, cost.opt_s(d, count), [tasks[i].last[r], *reduced], label="opt")
         return g
 
     def memory(self, plan: HybridPlan, cost) -> tuple[MemoryBreakdown, ...]:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from hetsim.errors import InfeasiblePlanError
 from hetsim.hardware.cluster import interchangeable_groups
-from hetsim.model.simulator import TaskGraph
+from hetsim.model.simulator import Resource, TaskGraph, TaskKind
 from hetsim.types import MemoryBreakdown
 
 from . import register
@@ -42,7 +42,7 @@ from ._pipeline_sched import (
     stage_rank,
 )
 from .base import Plan, SearchContext, Strategy, WorkerContext
-from .ddp import choose_common
+from .helpers import ParamName, choose_common, min_micro_batch
 
 if TYPE_CHECKING:
     from hetsim.model.costmodel import CostModel
@@ -85,7 +85,7 @@ class PipelinePlan(Plan):
 # ----------------------------------------------------------------------------- search helpers (shared with hybrid)
 
 
-def ordered_devices(trial, ctx: SearchContext, count: int | None = None) -> tuple[int, ...]:
+def ordered_devices(trial, ctx: SearchContext, name: ParamName, count: int | None = None) -> tuple[int, ...]:
     """`count` devices (asked for when None) in an order: a random key per group of interchangeable
     devices (`order_dev{first}`; a device like no other is its own group), the group's devices
     together in index order, the `count` first in key order.  Every trial gets a valid choice (one
@@ -95,20 +95,21 @@ def ordered_devices(trial, ctx: SearchContext, count: int | None = None) -> tupl
     cost = ctx.cost
     n = cost.n_devices
     if count is None:
-        count = trial.suggest_int("n_devices", 1, n) if n > 1 else 1
+        count = trial.suggest_int(name("n_devices"), 1, n) if n > 1 else 1
     if n == 1:
         return (0,)
     groups = cost.memo(("interchangeable_groups",), lambda: interchangeable_groups(cost.cluster))
-    keys = {g[0]: trial.suggest_float(f"order_dev{g[0]}", 0.0, 1.0) for g in groups}
+    keys = {g[0]: trial.suggest_float(name(f"order_dev{g[0]}"), 0.0, 1.0) for g in groups}
     order = [d for g in sorted(groups, key=lambda g: (keys[g[0]], g[0])) for d in g]
     return tuple(order[:count])
 
 
-def choose_microbatches(trial, ctx: SearchContext, schedule: str, ranks: int, v: int, replicas: int = 1) -> int:
+def choose_microbatches(trial, ctx: SearchContext, name: ParamName, schedule: str, ranks: int, v: int,
+                        replicas: int = 1) -> int:
     """A micro-batch count the schedule accepts on `ranks` x `v` stages and that leaves every one of
     `replicas` replicas enough samples per micro-batch; the choices depend on those, so the parameter's
     name does too (Optuna's distributions must not change under one name)."""
-    floor = min_micro(ctx) * replicas
+    floor = min_micro_batch(ctx) * replicas
     ok = []
     for m in micro_choices(ctx, 1):
         if ctx.global_batch // m < floor:
@@ -121,29 +122,30 @@ def choose_microbatches(trial, ctx: SearchContext, schedule: str, ranks: int, v:
     if not ok:
         raise InfeasiblePlanError(
             f"no micro-batch count of the global batch {ctx.global_batch} suits {schedule} on {ranks} rank(s) x {v} "
-            f"stage(s) with {replicas} replica(s) of >= {min_micro(ctx)} samples per micro-batch"
+            f"stage(s) with {replicas} replica(s) of >= {min_micro_batch(ctx)} samples per micro-batch"
         )
-    return trial.suggest_categorical(f"microbatches_{replicas}x{ranks}_{schedule}_v{v}", ok)
+    return trial.suggest_categorical(name(f"microbatches_{replicas}x{ranks}_{schedule}_v{v}"), ok)
 
 
-def choose_schedule(trial, ctx: SearchContext, ranks: int) -> str:
+def choose_schedule(trial, ctx: SearchContext, name: ParamName, ranks: int) -> str:
     """A schedule whose stage count fits the model on `ranks` ranks (multi-stage ones need 2 blocks per rank)."""
     offered = list(ctx.extra.get("pipeline_schedules", available_schedules()))
     if ranks == 1 and "GPipe" in offered:
         # One device: every schedule computes the same thing (ZBVZeroBubble only costs more memory):
         # offer one, so that the top candidates are not the same run under several names.
-        return trial.suggest_categorical("schedule_r1", ["GPipe"])
+        return trial.suggest_categorical(name("schedule_r1"), ["GPipe"])
     fits = [s for s in offered if s in SINGLE_STAGE or 2 * ranks <= ctx.cost.facts.n_blocks] or offered
-    return trial.suggest_categorical("schedule" if fits == offered else f"schedule_r{ranks}", fits)
+    return trial.suggest_categorical(name("schedule" if fits == offered else f"schedule_r{ranks}"), fits)
 
 
-def choose_stages_per_rank(trial, schedule: str, ranks: int = 1, n_blocks: int = 1 << 30) -> int:
+def choose_stages_per_rank(trial, name: ParamName, schedule: str, ranks: int = 1, n_blocks: int = 1 << 30) -> int:
     if schedule in SINGLE_STAGE:
         return 1
     if schedule in V_SHAPED:
         return 2
     fits = [v for v in (2, 3, 4) if v * ranks <= n_blocks] or [2]
-    return trial.suggest_categorical("stages_per_rank" if len(fits) == 3 else f"stages_per_rank_r{ranks}", fits)
+    knob = "stages_per_rank" if len(fits) == 3 else f"stages_per_rank_r{ranks}"
+    return trial.suggest_categorical(name(knob), fits)
 
 
 def micro_choices(ctx: SearchContext, min_micro: int) -> list[int]:
@@ -153,9 +155,6 @@ def micro_choices(ctx: SearchContext, min_micro: int) -> list[int]:
     return [m for m in divisors(ctx.global_batch) if ctx.global_batch // m >= min_micro]
 
 
-def min_micro(ctx: SearchContext) -> int:
-    # BatchNorm needs more than one value per channel in every micro-batch.
-    return max(ctx.min_local_batch, 2 if ctx.cost.facts.has_batchnorm else 1)
 
 
 def check_common(cost: CostModel, boundaries, n_ranks: int, schedule: str, microbatches: int,
@@ -206,13 +205,14 @@ class Pipeline(Strategy):
     name = "pipeline"
     plan_type = PipelinePlan
     display_name = "pipeline / model parallel"
+    param_prefix = ""  # bare Optuna names until results/golden is re-recorded (see Strategy.param_prefix)
 
     def space(self, trial, ctx: SearchContext) -> PipelinePlan:
-        devices = ordered_devices(trial, ctx)
-        schedule = choose_schedule(trial, ctx, len(devices))
-        v = choose_stages_per_rank(trial, schedule, len(devices), ctx.cost.facts.n_blocks)
-        m = choose_microbatches(trial, ctx, schedule, len(devices), v)
-        precision, ckpt = choose_common(trial, ctx, devices)
+        devices = ordered_devices(trial, ctx, self.param)
+        schedule = choose_schedule(trial, ctx, self.param, len(devices))
+        v = choose_stages_per_rank(trial, self.param, schedule, len(devices), ctx.cost.facts.n_blocks)
+        m = choose_microbatches(trial, ctx, self.param, schedule, len(devices), v)
+        precision, ckpt = choose_common(trial, ctx, devices, self.param)
         return self.solve(ctx.cost, devices, schedule=schedule, stages_per_rank=v, microbatches=m,
                           batch=ctx.global_batch, precision=precision, checkpoint_blocks=ckpt)
 
@@ -239,7 +239,7 @@ class Pipeline(Strategy):
         devs = tuple(range(cost.n_devices))
         P, nb = len(devs), cost.facts.n_blocks
         builders = [lambda: self.baseline(ctx)]  # hand-written model parallelism (GPipe, one micro-batch)
-        ms = [m for m in divisors(gb) if m >= P and gb // m >= min_micro(ctx)]
+        ms = [m for m in divisors(gb) if m >= P and gb // m >= min_micro_batch(ctx)]
         if ms and not cost.facts.batch_coupled:
             m = ms[0]
             builders += [
@@ -285,7 +285,7 @@ class Pipeline(Strategy):
         for r, d in enumerate(plan.devices):
             count = sum(cost.param_count(plan.boundaries[s], plan.boundaries[s + 1])
                         for s in rank_stages(plan.schedule, P, plan.stages_per_rank, r))
-            g.add(f"dev{d}", "opt", cost.opt_s(d, count), [tasks.last[r]], label="opt")
+            g.add(Resource.device(d), TaskKind.OPTIMIZER, cost.opt_s(d, count), [tasks.last[r]], label="opt")
         return g
 
     def memory(self, plan: PipelinePlan, cost) -> tuple[MemoryBreakdown, ...]:

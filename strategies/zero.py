@@ -22,24 +22,22 @@ from typing import TYPE_CHECKING
 from hetsim.errors import InfeasiblePlanError
 from hetsim.execution.memtrack import measure_step
 from hetsim.model.memory import data_parallel_memory, fsdp_gather_bytes, zero1_owned_counts
-from hetsim.model.simulator import TaskGraph
+from hetsim.model.simulator import Resource, TaskGraph, TaskKind
 from hetsim.types import MemoryBreakdown
 
 from . import register
-from .base import Plan, SearchContext, Strategy, WorkerContext, batchnorm_warning
-from .ddp import (
-    DataParallelExecutor,
-    DDPExecutor,
-    _precision_ok,
+from .base import Plan, SearchContext, Strategy, WorkerContext
+from .ddp import DataParallelExecutor, DDPExecutor, data_parallel_graph
+from .helpers import (
     balance_batch,
+    batchnorm_warning,
     choose_accum,
     choose_common,
     choose_devices,
-    data_parallel_graph,
     local_floor,
-    micro_sizes,
+    precision_ok,
+    split_evenly,
     uneven_split,
-    uniform_split,
 )
 
 if TYPE_CHECKING:
@@ -74,17 +72,18 @@ class ZeRO(Strategy):
     name = "zero"
     plan_type = ZeROPlan
     display_name = "ZeRO / FSDP2 sharded data parallel (uneven batch)"
+    param_prefix = ""  # bare Optuna names until results/golden is re-recorded (see Strategy.param_prefix)
 
     # ------------------------------------------------------------------ search
 
     def space(self, trial, ctx: SearchContext) -> ZeROPlan:
-        devices = choose_devices(trial, ctx)
-        precision, ckpt = choose_common(trial, ctx, devices)
-        stage = trial.suggest_categorical("zero_stage", list(STAGES))
-        offload = stage >= 2 and trial.suggest_categorical("offload", [False, True])
+        devices = choose_devices(trial, ctx, self.param)
+        precision, ckpt = choose_common(trial, ctx, devices, self.param)
+        stage = trial.suggest_categorical(self.param("zero_stage"), list(STAGES))
+        offload = stage >= 2 and trial.suggest_categorical(self.param("offload"), [False, True])
         if len(devices) == 1 and not offload:
             raise InfeasiblePlanError("zero on one device shards nothing: that plan is ddp's (or offload it)")
-        accum = choose_accum(trial, ctx)
+        accum = choose_accum(trial, ctx, self.param)
         cost = ctx.cost
 
         def memory_of(dev: int, micro: int) -> MemoryBreakdown:
@@ -118,7 +117,7 @@ class ZeRO(Strategy):
         n = ctx.cost.n_devices
         if n == 1:
             return None
-        return ZeROPlan(devices=tuple(range(n)), local_batch=uniform_split(ctx.global_batch, n), zero_stage=3)
+        return ZeROPlan(devices=tuple(range(n)), local_batch=tuple(split_evenly(ctx.global_batch, n)), zero_stage=3)
 
     def validate(self, plan: ZeROPlan, cost) -> None:
         super().validate(plan, cost)
@@ -148,7 +147,7 @@ class ZeRO(Strategy):
                 "offload needs zero_stage 2 or 3 (FSDP2's CPUOffloadPolicy); ZeroRedundancyOptimizer (stage 1) "
                 "cannot offload: use zero_stage 2 or 3, or offload=False"
             )
-        bad = [d for d in plan.devices if not _precision_ok(cost, d, plan.precision)]
+        bad = [d for d in plan.devices if not precision_ok(cost, d, plan.precision)]
         if bad:
             need = ("loss scaling, which runs on CUDA only" if plan.precision == "fp16"
                     else "compute capability >= 8.0")
@@ -200,9 +199,9 @@ def _zero1_graph(plan: ZeROPlan, cost: CostModel) -> TaskGraph:
     owned = zero1_owned_counts(cost, len(plan.devices))
     g = data_parallel_graph(cost, plan.devices, plan.local_batch, plan.accum_steps, plan.precision,
                             plan.checkpoint_blocks, [float(c) for c in owned])
-    opts = [t.tid for t in g.tasks if t.kind == "opt"]
+    opts = [t.tid for t in g.tasks if t.kind == TaskKind.OPTIMIZER]
     # ZeroRedundancyOptimizer broadcasts every owner's parameters: all-gather volume of the whole model.
-    g.add("comm", "allgather", cost.allgather_s(cost.param_bytes(), tuple(plan.devices)), opts, label="param broadcast")
+    g.add(Resource.COMM, TaskKind.ALLGATHER, cost.allgather_s(cost.param_bytes(), tuple(plan.devices)), opts, label="param broadcast")
     return g
 
 
@@ -222,7 +221,7 @@ def _sharded_graph(plan: ZeROPlan, cost: CostModel) -> TaskGraph:
     fwd_start: dict[tuple[int, int], int] = {}
     rs_prev: int | None = None
     for j in range(plan.accum_steps):
-        sizes = [micro_sizes(b, plan.accum_steps)[j] for b in plan.local_batch]
+        sizes = [split_evenly(b, plan.accum_steps)[j] for b in plan.local_batch]
         # Forward: block k's all-gather is issued at block k's pre-forward; on CUDA the host runs
         # ahead of the kernels, so it overlaps block k-1's compute; a blocking rank waits for it.
         # A blocking rank starts the next micro-step's forward after its last reduce-scatter.
@@ -233,14 +232,14 @@ def _sharded_graph(plan: ZeROPlan, cost: CostModel) -> TaskGraph:
             if pk:
                 ahead = 1 if blocking else 2
                 deps = [fwd_start.get((i, k - ahead)) for i in range(shards)]
-                ag = g.add("comm", "allgather", cost.allgather_s(pk * wbytes / 4, devs), deps, label=f"AG{j}.{k}")
+                ag = g.add(Resource.COMM, TaskKind.ALLGATHER, cost.allgather_s(pk * wbytes / 4, devs), deps, label=f"AG{j}.{k}")
             for i, d in enumerate(devs):
                 dur = cost.fwd_s(d, k, k + 1, sizes[i], plan.precision)
                 if k == 0:
                     dur += cost.overhead_s(d, sizes[i])
                 if plan.offload and pk:
                     dur += _host_copy_s(cost, d, pk / shards)
-                tid = g.add(f"dev{d}", "F", dur, [ag, prev_f[i]], label=f"F{j}.{k}")
+                tid = g.add(Resource.device(d), TaskKind.FORWARD, dur, [ag, prev_f[i]], label=f"F{j}.{k}")
                 fwd_start[(i, k)] = tid
                 prev_f[i] = tid
         # Backward: ZeRO-3 gathers each block again, the next one while this one computes (FSDP2's
@@ -250,13 +249,13 @@ def _sharded_graph(plan: ZeROPlan, cost: CostModel) -> TaskGraph:
         gathers: dict[int, int] = {}
         regather = plan.zero_stage == 3
         if regather and cost.param_bytes(n - 1, n):
-            gathers[n - 1] = g.add("comm", "allgather", cost.allgather_s(cost.param_bytes(n - 1, n) * wbytes / 4, devs),
+            gathers[n - 1] = g.add(Resource.COMM, TaskKind.ALLGATHER, cost.allgather_s(cost.param_bytes(n - 1, n) * wbytes / 4, devs),
                                    list(prev_f), label=f"AGb{j}.{n - 1}")
         rs_prev = None
         for k in reversed(range(n)):
             pprev = cost.param_bytes(k - 1, k) if k else 0
             if regather and pprev:  # prev_b: block k+1's backward (or the forward) has ended
-                gathers[k - 1] = g.add("comm", "allgather", cost.allgather_s(pprev * wbytes / 4, devs),
+                gathers[k - 1] = g.add(Resource.COMM, TaskKind.ALLGATHER, cost.allgather_s(pprev * wbytes / 4, devs),
                                        list(prev_b), label=f"AGb{j}.{k - 1}")
             waits = [gathers.get(k)]
             if blocking:
@@ -267,12 +266,12 @@ def _sharded_graph(plan: ZeROPlan, cost: CostModel) -> TaskGraph:
                 dur += cost.recompute_s(d, k, k + 1, sizes[i], plan.precision, plan.checkpoint_blocks)
                 if plan.offload and k in gathers:  # the shard goes up again for the re-gather
                     dur += _host_copy_s(cost, d, cost.param_bytes(k, k + 1) / shards)
-                tid = g.add(f"dev{d}", "B", dur, [*waits, prev_b[i]], label=f"B{j}.{k}")
+                tid = g.add(Resource.device(d), TaskKind.BACKWARD, dur, [*waits, prev_b[i]], label=f"B{j}.{k}")
                 bids.append(tid)
                 prev_b[i] = tid
             pk = cost.param_bytes(k, k + 1)
             if pk:
-                rs = g.add("comm", "reducescatter", cost.allgather_s(pk, devs), bids, label=f"RS{j}.{k}")
+                rs = g.add(Resource.COMM, TaskKind.REDUCESCATTER, cost.allgather_s(pk, devs), bids, label=f"RS{j}.{k}")
                 rs_prev = rs
                 if j == plan.accum_steps - 1:
                     last_rs.append(rs)
@@ -282,13 +281,13 @@ def _sharded_graph(plan: ZeROPlan, cost: CostModel) -> TaskGraph:
     if plan.zero_stage == 3:  # calibrated with a real ZeRO-3 step (hetsim.search.calibrate.calibrate_sharded)
         sync += cost.shard_residual_s(devs)
     if sync and last_rs:
-        last_rs = [g.add("comm", "sync", sync, list(last_rs), label="sync (calibrated)")]
+        last_rs = [g.add(Resource.COMM, TaskKind.SYNC, sync, list(last_rs), label="sync (calibrated)")]
     for d in devs:
         count = cost.param_count() / shards
         t = cost.host_opt_s(d, count) if plan.offload else cost.opt_s(d, count)
         if plan.offload:
             t += _host_copy_s(cost, d, cost.param_bytes() / shards)  # sharded gradients to the host
-        g.add(f"dev{d}", "opt", t, list(last_rs), label="opt")
+        g.add(Resource.device(d), TaskKind.OPTIMIZER, t, list(last_rs), label="opt")
     return g
 
 

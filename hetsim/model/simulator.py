@@ -16,12 +16,62 @@ from hetsim.errors import HetsimError
 from hetsim.types import TimelineEvent
 
 
+class TaskKind:
+    """What a task does: the names a family's task graph uses (plain strings, so that graphs,
+    timelines and breakdowns stay JSON as they are; a family may add its own kinds)."""
+
+    FORWARD = "F"
+    BACKWARD = "B"
+    """The whole backward of a block range (input and weight gradients; recomputation included)."""
+    WEIGHT_GRAD = "W"
+    """Zero-bubble schedules: the weight-gradient half of a backward, split from the input half."""
+    OPTIMIZER = "opt"
+    ALLREDUCE = "allreduce"
+    ALLGATHER = "allgather"
+    REDUCESCATTER = "reducescatter"
+    SYNC = "sync"
+    """Calibrated gradient-synchronisation residual (what the bucket model misses)."""
+    P2P = "p2p"
+    """A pipeline activation or gradient transfer between two devices."""
+    COMPUTE = frozenset({FORWARD, BACKWARD, WEIGHT_GRAD, OPTIMIZER})
+    """The kinds that keep a device busy (the bubble fraction is the rest of its step)."""
+
+
+class Resource:
+    """Where a task runs: a device's compute stream, a shared communication channel, a link.
+    Tasks on one resource run one at a time, in program order."""
+
+    DEVICE_PREFIX = "dev"
+    COMM = "comm"
+    """The collective channel of the plan's whole device group."""
+
+    @staticmethod
+    def device(index: int) -> str:
+        """The compute stream of cluster device `index`."""
+        return f"{Resource.DEVICE_PREFIX}{index}"
+
+    @staticmethod
+    def is_device(resource: str) -> bool:
+        return resource.startswith(Resource.DEVICE_PREFIX)
+
+    @staticmethod
+    def link(src: int, dst: int) -> str:
+        """The directed point-to-point link from cluster device `src` to `dst`."""
+        return f"link{src}->{dst}"
+
+    @staticmethod
+    def group(index: int) -> str:
+        """The collective channel of the `index`-th data-parallel group of a plan (hybrid stages)."""
+        return f"dp{index}"
+
+
 @dataclass(slots=True)
 class Task:
     tid: int
     resource: str
+    """A `Resource` name: 'dev0', 'comm', 'link0->1', 'dp0'."""
     kind: str
-    """'F', 'B', 'W' (weight grad), 'opt', 'allreduce', 'send', 'recv', 'offload', ..."""
+    """A `TaskKind`: 'F', 'B', 'W' (weight grad), 'opt', 'allreduce', 'p2p', ..."""
     label: str
     duration_s: float
     deps: tuple[int, ...]
@@ -128,7 +178,7 @@ def run_steady(graph: TaskGraph) -> SteadyRun:
     the second."""
     n = len(graph.tasks)
     used = {d for t in graph.tasks for d in t.deps}
-    shared_sinks = [t.tid for t in graph.tasks if t.tid not in used and not t.resource.startswith("dev")]
+    shared_sinks = [t.tid for t in graph.tasks if t.tid not in used and not Resource.is_device(t.resource)]
     twice = TaskGraph(tasks=list(graph.tasks))
     first_on: set[str] = set()
     for t in graph.tasks:

@@ -19,6 +19,7 @@ from hetsim.profiling.memcal import profile_memory
 from hetsim.profiling.store import BlockProfile, BlockTiming, DeviceProfile, ModelProfile
 from hetsim.types import Fit
 from hetsim.workloads.builtin import Workload, make_optimizer
+from hetsim.workloads.precision import autocast
 
 FORMAT = "3"
 """Part of every profile's fingerprint: bump it when a measured field changes meaning (what is timed,
@@ -122,14 +123,6 @@ def _saved_bytes(fn: Callable[[], torch.Tensor], exclude: set[int]) -> tuple[tor
     return out, sum(seen.values())
 
 
-def _autocast(device: torch.device, precision: str):
-    import contextlib
-
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
-
-
 def profile_model(
     workload: Workload,
     kind: str,
@@ -170,11 +163,11 @@ def profile_model(
             h = x
             for k, (_, blk) in enumerate(blocks):
                 inp = h.detach().requires_grad_(k > 0 and h.is_floating_point())
-                with _autocast(device, prec):
+                with autocast(device, prec):
                     out, saved = _saved_bytes(lambda blk=blk, inp=inp: blk(inp), param_ptrs)
                 if k == len(blocks) - 1:
                     def make_loss(blk=blk, inp=inp, prec=prec, y=y):
-                        with _autocast(device, prec):
+                        with autocast(device, prec):
                             o = blk(inp)
                         return workload.loss_sum(o.float(), y)
                 else:
@@ -182,20 +175,20 @@ def profile_model(
                 grad = torch.randn_like(out)
 
                 def fwd(blk=blk, inp=inp, prec=prec):
-                    with torch.no_grad(), _autocast(device, prec):
+                    with torch.no_grad(), autocast(device, prec):
                         return blk(inp)
 
                 def fwd_bwd(blk=blk, inp=inp, grad=grad, make_loss=make_loss, prec=prec):
                     if make_loss is not None:
                         make_loss().backward()
                     else:
-                        with _autocast(device, prec):
+                        with autocast(device, prec):
                             o = blk(inp)
                         o.backward(grad)
 
                 # Forward with autograd recording (as in training) for the fwd time.
                 def fwd_train(blk=blk, inp=inp, prec=prec):
-                    with _autocast(device, prec):
+                    with autocast(device, prec):
                         return blk(inp)
 
                 tf, p = probed(fwd_train, reps)
@@ -278,7 +271,7 @@ def grad_cosine(workload: Workload, device: torch.device, precision: str, mb: in
 
     def grads(prec: str) -> torch.Tensor:
         model.zero_grad(set_to_none=True)
-        with _autocast(device, prec):
+        with autocast(device, prec):
             out = model(x)
         workload.loss_sum(out.float(), y).backward()
         return torch.cat([p.grad.detach().flatten().float() for p in model.parameters() if p.grad is not None])

@@ -15,14 +15,7 @@ from hetsim.execution.memtrack import measure_step
 from hetsim.profiling.store import MemoryCalibration
 from hetsim.types import Fit
 from hetsim.workloads.builtin import Workload
-
-
-def _autocast(device: torch.device, precision: str):
-    import contextlib
-
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+from hetsim.workloads.precision import autocast
 
 
 def _saved_bytes(model: torch.nn.Module, x: torch.Tensor, device: torch.device, precision: str) -> int:
@@ -39,7 +32,7 @@ def _saved_bytes(model: torch.nn.Module, x: torch.Tensor, device: torch.device, 
             pass
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _autocast(device, precision):
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast(device, precision):
         out = model(x)
     del out
     return sum(seen.values())
@@ -69,7 +62,7 @@ def _step_peak(workload: Workload, device: torch.device, precision: str, mb: int
     x, y = x.to(device), y.to(device)
 
     def step():
-        with _autocast(device, precision):
+        with autocast(device, precision):
             out = model(x)
         (workload.loss_sum(out.float(), y) / mb).backward()
         opt.step()

@@ -1,77 +1,16 @@
-"""The contract every registered strategy must pass.
+"""The contract every registered strategy must pass: hetsim.testing's suite, collected here as well.
 
-1. its plans round-trip through JSON;
-2. its simulation is deterministic;
-3. a real run (torchrun, 2 emulated ranks, GroupNorm model) gives the single-process full-batch gradient.
+The checks live in the package (`hetsim.testing`) so that a third-party family runs the same suite
+against itself (`python -m pytest --pyargs hetsim.testing`); importing the test functions here makes
+`pytest tests` run them over every registered family.
 """
 
 from __future__ import annotations
 
-import json
-
-import pytest
-from hetsim.strategies.base import SearchContext
-
-from hetsim import strategies
-from hetsim.execution.runner import device_dicts, launch
-from hetsim.execution.worker import Job
-from hetsim.serial import to_dict
-
-GLOBAL_BATCH = 8
-
-
-def _examples(make_cost, name):
-    cost = make_cost("emu:1.0@4G,0.5@4G")
-    ctx = SearchContext(cost=cost, global_batch=GLOBAL_BATCH, precisions=("fp32",))
-    plans = strategies.get(name).examples(ctx)
-    assert plans, f"strategy {name} gives no example plans"
-    return cost, plans
-
-
-@pytest.mark.parametrize("name", strategies.names())
-def test_plan_json_roundtrip(make_cost, name):
-    _, plans = _examples(make_cost, name)
-    for plan in plans:
-        text = json.dumps(to_dict(plan))
-        again = strategies.plan_from_dict(json.loads(text))
-        assert again == plan
-        assert again.strategy == name
-
-
-@pytest.mark.parametrize("name", strategies.names())
-def test_simulation_is_deterministic(make_cost, name):
-    cost, plans = _examples(make_cost, name)
-    strat = strategies.get(name)
-    for plan in plans:
-        a, _, _ = strat.predict(plan, cost)
-        b, _, _ = strat.predict(plan, cost)
-        assert a == b
-        assert a.step_time_s > 0
-        assert a.samples_per_s == pytest.approx(plan.global_batch / a.step_time_s)
-        assert len(a.peak_mem_bytes) == len(plan.devices)
-        assert all(m > 0 for m in a.peak_mem_bytes)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", strategies.names())
-def test_real_run_matches_full_batch_gradient(make_cost, name, tmp_path):
-    cost, plans = _examples(make_cost, name)
-    for i, plan in enumerate(plans):
-        job = Job(task="grads", plan=to_dict(plan), workload="gn_resnet@32", global_batch=plan.global_batch,
-                  devices=device_dicts(cost.cluster, plan.devices), out_dir=str(tmp_path / f"p{i}"))
-        results, tail, timed_out = launch(job, len(plan.devices), timeout_s=180)
-        assert not timed_out, tail
-        assert len(results) == len(plan.devices), tail
-        for r in results:
-            assert r.status == "ok", r.error
-            assert r.grad_rel_err is not None and r.grad_rel_err < 1e-4, (plan, r.rank, r.grad_rel_err)
-        # Together the ranks hold a gradient for every parameter of the model.
-        covered = set().union(*(set(r.grad_names) for r in results))
-        all_names = {n for n, _ in cost_model_param_names()}
-        assert covered == all_names, sorted(all_names - covered)
-
-
-def cost_model_param_names():
-    from hetsim.workloads.builtin import load_workload
-
-    return list(load_workload("gn_resnet", 32).model().named_parameters())
+from hetsim.testing.test_contract import (  # noqa: F401  (collected by pytest)
+    test_memory_prediction_is_sane,
+    test_plans_roundtrip_through_json,
+    test_real_run_matches_full_batch_gradient,
+    test_search_space_gives_valid_prefixed_plans,
+    test_simulation_is_deterministic,
+)

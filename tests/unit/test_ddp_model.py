@@ -4,14 +4,8 @@ import itertools
 
 import pytest
 from hetsim.strategies.base import SearchContext
-from hetsim.strategies.ddp import (
-    DDP,
-    DDPPlan,
-    balance_batch,
-    buckets,
-    data_parallel_memory,
-    micro_sizes,
-)
+from hetsim.strategies.ddp import DDP, DDPPlan, buckets, data_parallel_memory
+from hetsim.strategies.helpers import balance_batch, split_evenly
 from pipeline_synth import synthetic_cost
 
 
@@ -61,8 +55,8 @@ def test_slow_device_dominates_step(make_cost):
 
 
 def test_accumulation_splits_micro_batches():
-    assert micro_sizes(7, 3) == [3, 2, 2]
-    assert sum(micro_sizes(32, 4)) == 32
+    assert split_evenly(7, 3) == [3, 2, 2]
+    assert sum(split_evenly(32, 4)) == 32
 
 
 def test_buckets_cover_every_parameter(make_cost):
@@ -103,7 +97,7 @@ def _linear_scan_balance(cost, devices, global_batch, accum, precision, ckpt, fl
         d = devices[i]
         return sum(cost.fwd_s(d, 0, n, m, precision) + cost.bwd_s(d, 0, n, m, precision)
                    + cost.recompute_s(d, 0, n, m, precision, ckpt) + cost.overhead_s(d, m)
-                   for m in micro_sizes(b, accum)) + cost.opt_s(d, cost.param_count())
+                   for m in split_evenly(b, accum)) + cost.opt_s(d, cost.param_count())
 
     def fits(i, b):
         return memory_fn(devices[i], -(-b // accum)).total_bytes <= cost.device(devices[i]).memory_bytes

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 from hetsim.search import golden
 from hetsim.strategies.base import SearchContext
-from hetsim.strategies.ddp import choose_devices
+from hetsim.strategies.helpers import choose_devices
 
 from hetsim.errors import InfeasiblePlanError
 from hetsim.hardware.cluster import Link, interchangeable_groups, parse_cluster
@@ -26,7 +26,7 @@ def _ask(ctx: SearchContext):
     """A real trial of a seeded study (its distributions show what was suggested) and its devices."""
     trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask()
     try:
-        return trial, choose_devices(trial, ctx)
+        return trial, choose_devices(trial, ctx, str)
     except InfeasiblePlanError:
         return trial, ()
 
@@ -69,7 +69,7 @@ def test_identical_devices_give_one_count():
         "count_dev4": optuna.distributions.IntDistribution(0, 2),
     }
     fixed = optuna.trial.FixedTrial({"count_dev0": 3, "count_dev4": 1})
-    assert choose_devices(fixed, ctx) == (0, 1, 2, 4)  # the first k of each group
+    assert choose_devices(fixed, ctx, str) == (0, 1, 2, 4)  # the first k of each group
 
 
 def test_mismatched_devices_keep_one_yes_no_each():
@@ -82,7 +82,7 @@ def test_mismatched_devices_keep_one_yes_no_each():
         "use_dev3": yes_no,
     }
     fixed = optuna.trial.FixedTrial({"use_dev0": False, "count_dev1": 2, "use_dev3": True})
-    assert choose_devices(fixed, ctx) == (1, 2, 3)
+    assert choose_devices(fixed, ctx, str) == (1, 2, 3)
 
     ctx = _ctx("catalog:rtx_3090,gtx_1080_ti,t4,a10")
     trial, _ = _ask(ctx)
@@ -90,13 +90,13 @@ def test_mismatched_devices_keep_one_yes_no_each():
     fixed = optuna.trial.FixedTrial(
         {"use_dev0": True, "use_dev1": False, "use_dev2": True, "use_dev3": False}
     )
-    assert choose_devices(fixed, ctx) == (0, 2)
+    assert choose_devices(fixed, ctx, str) == (0, 2)
 
 
 def test_choosing_no_device_is_infeasible_with_a_reason():
     ctx = _ctx("catalog:rtx_3090,t4*2")
     with pytest.raises(InfeasiblePlanError, match="chose no device"):
-        choose_devices(optuna.trial.FixedTrial({"use_dev0": False, "count_dev1": 0}), ctx)
+        choose_devices(optuna.trial.FixedTrial({"use_dev0": False, "count_dev1": 0}), ctx, str)
 
 
 def test_one_device_needs_no_suggestion():

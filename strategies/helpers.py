@@ -1,0 +1,283 @@
+"""Public helpers that strategy families share: batch splits, search choices, warnings, and the torch side of a real run.
+
+A third-party family imports these rather than copying them, so that every family splits a batch,
+names its search parameters and builds its model by the same rules:
+
+- search parameters: `name(name)` gives the Optuna name `"<family>.<name>"`;
+  `choose_devices`, `choose_common`, `choose_accum` suggest the knobs most families have;
+- batch splits: `split_evenly` (a local batch into accumulation micro-batches, a global batch
+  into equal shares), `uneven_split` (an example uneven split), `balance_batch` (the exact
+  min-max split of a data-parallel step over mismatched devices);
+- rules: `min_micro_batch` (BatchNorm needs two samples per micro-batch), `batchnorm_warning`,
+  `precision_ok`;
+- real runs: `apply_checkpointing`, `autocast` (hetsim.workloads.precision's, re-exported),
+  `full_grads`, `clean_name`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from hetsim.errors import InfeasiblePlanError
+from hetsim.hardware.cluster import interchangeable_groups
+from hetsim.model.memory import data_parallel_memory
+from hetsim.types import MemoryBreakdown
+from hetsim.workloads.precision import autocast
+
+from .base import param
+
+if TYPE_CHECKING:
+    import optuna
+
+    from hetsim.model.costmodel import CostModel
+
+    from .base import SearchContext
+
+__all__ = [
+    "BN_MIN_MICRO_BATCH",
+    "BN_MIN_SAMPLES",
+    "apply_checkpointing",
+    "autocast",
+    "balance_batch",
+    "batchnorm_warning",
+    "choose_accum",
+    "choose_common",
+    "choose_devices",
+    "clean_name",
+    "full_grads",
+    "local_floor",
+    "min_micro_batch",
+    "ParamName",
+    "param",
+    "precision_ok",
+    "split_evenly",
+    "uneven_split",
+]
+
+BN_MIN_SAMPLES = 2
+"""BatchNorm in training mode needs more than one value per channel: every micro-batch of a
+BatchNorm model holds at least this many samples (torch raises on one)."""
+BN_MIN_MICRO_BATCH = 8
+"""BatchNorm's batch statistics get noisy below about 8 samples per device and hurt accuracy
+(the Group Normalization paper, Wu and He 2018, measured it); hetsim warns there, it does not refuse."""
+
+
+# ----------------------------------------------------------------------------- search parameters
+
+
+ParamName = Callable[[str], str]
+"""How a family names a knob for Optuna: `Strategy.param` (`"accum_steps"` -> `"ddp.accum_steps"`)."""
+
+
+def choose_devices(trial: optuna.Trial, ctx: SearchContext, name: ParamName) -> tuple[int, ...]:
+    """Which devices take part, in index order: one suggestion per group of interchangeable devices.
+
+    A device like no other is a yes/no, `use_dev{i}`; a group of k identical devices is a count
+    0..k, `count_dev{first}`, and takes the group's first devices: which ones cannot change a
+    prediction.  On 64 devices of 4 kinds that is 4 counts instead of 64 coins, which TPE handles
+    far faster and which reaches any subset size with fair odds (64 coins almost always pick ~32).
+    """
+    cost = ctx.cost
+    if cost.n_devices == 1:
+        return (0,)
+    groups = cost.memo(("interchangeable_groups",), lambda: interchangeable_groups(cost.cluster))
+    used: list[int] = []
+    for g in groups:
+        if len(g) == 1:
+            if trial.suggest_categorical(name(f"use_dev{g[0]}"), [True, False]):
+                used.append(g[0])
+        else:
+            used.extend(g[: trial.suggest_int(name(f"count_dev{g[0]}"), 0, len(g))])
+    if not used:
+        raise InfeasiblePlanError(
+            "the trial chose no device (every use_dev* is False and every count_dev* is 0); "
+            "a plan needs at least one device"
+        )
+    return tuple(sorted(used))
+
+
+def choose_common(trial: optuna.Trial, ctx: SearchContext, devices: tuple[int, ...], name: ParamName) -> tuple[str, int]:
+    """(precision, checkpointed blocks): the knobs every family has (`precision`, `checkpoint_blocks`)."""
+    cost = ctx.cost
+    precs = [p for p in ctx.precisions if all(precision_ok(cost, d, p) for d in devices)] or ["fp32"]
+    precision = trial.suggest_categorical(name("precision"), list(ctx.precisions))
+    if precision not in precs:
+        raise InfeasiblePlanError(f"precision {precision} is not supported by every chosen device")
+    n = cost.facts.n_blocks
+    ckpt = trial.suggest_categorical(name("checkpoint_blocks"), [0, n // 2, n]) if ctx.checkpointing else 0
+    return precision, ckpt
+
+
+def choose_accum(trial: optuna.Trial, ctx: SearchContext, name: ParamName) -> int:
+    """Gradient-accumulation steps, `accum_steps` (always 1 where the loss couples the samples of a batch)."""
+    if ctx.cost.facts.batch_coupled:
+        return 1
+    return trial.suggest_categorical(name("accum_steps"), [a for a in (1, 2, 4) if a <= ctx.max_accum])
+
+
+def precision_ok(cost: CostModel, dev: int, precision: str) -> bool:
+    """Whether cluster device `dev` can train in `precision` at all."""
+    d = cost.device(dev)
+    if precision == "bf16":
+        return d.supports_bf16
+    if precision == "fp16":
+        return d.backend != "emulated"  # fp16 autocast with loss scaling is CUDA-only
+    return True
+
+
+# ----------------------------------------------------------------------------- batch splits
+
+
+def split_evenly(total: int, parts: int) -> list[int]:
+    """`total` samples in `parts` parts as evenly as possible (the first ones take the remainder):
+    a local batch into accumulation micro-batches, or a global batch into equal local batches."""
+    base, rem = divmod(total, parts)
+    return [base + (1 if j < rem else 0) for j in range(parts)]
+
+
+def uneven_split(global_batch: int, n: int) -> tuple[int, ...]:
+    """An example uneven split: device 0 takes what the others, at gb // (n + 1) each, leave."""
+    if n == 1:
+        return (global_batch,)
+    rest = global_batch // (n + 1)
+    return tuple([global_batch - rest * (n - 1)] + [rest] * (n - 1))
+
+
+def min_micro_batch(ctx: SearchContext) -> int:
+    """Fewest samples a micro-batch may hold: the user's `--min-local-batch`, and two for BatchNorm."""
+    return max(ctx.min_local_batch, BN_MIN_SAMPLES if ctx.cost.facts.has_batchnorm else 1)
+
+
+def local_floor(ctx: SearchContext, accum: int) -> int:
+    """Fewest samples a device's local batch may have: BatchNorm needs two in every micro-batch,
+    not just in every local batch."""
+    return max(min_micro_batch(ctx), accum * (BN_MIN_SAMPLES if ctx.cost.facts.has_batchnorm else 1))
+
+
+def balance_batch(cost: CostModel, devices: tuple[int, ...], global_batch: int, accum: int,
+                  precision: str, ckpt: int, min_local: int, *,
+                  memory_fn: Callable[[int, int], MemoryBreakdown] | None = None) -> tuple[int, ...]:
+    """Exact min-max split: each next sample goes to the device that finishes it soonest.
+
+    Per-device step time is non-decreasing in its batch, so this greedy is optimal for
+    the slowest-device objective.  Memory caps bound each device's share when they can;
+    `memory_fn(device, micro_batch)` gives a family's own memory model (default: plain DDP's).
+
+    A heap of (time with one more sample, position) keeps the greedy at O(batch log devices)
+    step-time evaluations instead of O(batch x devices); ties go to the lowest position, as a
+    linear scan would.  A device that cannot fit one more sample never can later (its share no
+    longer changes), so it leaves the heap for good.
+    """
+    floor = max(min_local, accum)
+    if floor * len(devices) > global_batch:
+        raise InfeasiblePlanError(
+            f"global batch {global_batch} cannot give each of {len(devices)} devices at least {floor} samples "
+            f"(min local batch {min_local}, {accum} accumulation steps); raise --global-batch or use fewer devices"
+        )
+    step_time = _data_parallel_step_time(cost, devices, accum, precision, ckpt)
+    fit_memo: dict[tuple[int, int], bool] = {}
+
+    def fits(i: int, b: int) -> bool:
+        d = devices[i]
+        micro = -(-b // accum)
+        key = (d, micro)
+        if key not in fit_memo:
+            m = memory_fn(d, micro) if memory_fn else data_parallel_memory(cost, d, micro, precision, ckpt)
+            fit_memo[key] = m.total_bytes <= cost.device(d).memory_bytes
+        return fit_memo[key]
+
+    extra = global_batch - floor * len(devices)
+    for respect_memory in (True, False):
+        local = [floor] * len(devices)
+        heap = [(step_time(i, floor + 1), i) for i in range(len(devices))]
+        heapq.heapify(heap)
+        placed = 0
+        while placed < extra and heap:
+            _, i = heapq.heappop(heap)
+            if respect_memory and not fits(i, local[i] + 1):
+                continue
+            local[i] += 1
+            placed += 1
+            heapq.heappush(heap, (step_time(i, local[i] + 1), i))
+        if placed == extra:
+            break
+    return tuple(local)
+
+
+def _data_parallel_step_time(cost: CostModel, devices: tuple[int, ...], accum: int, precision: str,
+                             ckpt: int) -> Callable[[int, int], float]:
+    """(position in `devices`, local batch) -> that device's compute and optimizer time, memoised."""
+    n = cost.facts.n_blocks
+    opt_params = cost.param_count()
+
+    def compute_time(d: int, b: int) -> float:
+        t = sum(cost.fwd_s(d, 0, n, m, precision) + cost.bwd_s(d, 0, n, m, precision)
+                + cost.recompute_s(d, 0, n, m, precision, ckpt) + cost.overhead_s(d, m)
+                for m in split_evenly(b, accum))
+        return t + cost.opt_s(d, opt_params)
+
+    def step_time(i: int, b: int) -> float:
+        d = devices[i]
+        return cost.memo(("ddp_step", d, b, accum, precision, ckpt), lambda: compute_time(d, b))
+
+    return step_time
+
+
+def batchnorm_warning(cost: CostModel, devices: tuple[int, ...], micro_batches: tuple[int, ...]) -> str | None:
+    """A warning when a BatchNorm model gets per-device micro-batches too small for its statistics."""
+    if not cost.facts.has_batchnorm:
+        return None
+    small = [(d, b) for d, b in zip(devices, micro_batches) if b < BN_MIN_MICRO_BATCH]
+    if not small:
+        return None
+    which = ", ".join(f"device {d}: {b}" for d, b in small)
+    return (
+        f"BatchNorm model with per-device micro-batches below {BN_MIN_MICRO_BATCH} ({which}): each device "
+        "normalises with its own small-batch statistics, which can hurt accuracy; raise the global batch or "
+        "--min-local-batch, use fewer accumulation steps, or a GroupNorm model"
+    )
+
+
+# ----------------------------------------------------------------------------- real runs (torch)
+
+CKPT_PREFIX = "_checkpoint_wrapped_module."
+
+
+def apply_checkpointing(model: nn.Sequential, k: int) -> None:
+    """Wrap the first k blocks in non-reentrant activation checkpointing (torch's own wrapper)."""
+    if k <= 0:
+        return
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        checkpoint_wrapper,
+    )
+
+    names = [n for n, _ in model.named_children()][:k]
+    for n in names:
+        setattr(model, n, checkpoint_wrapper(getattr(model, n), checkpoint_impl=CheckpointImpl.NO_REENTRANT))
+
+
+def clean_name(name: str) -> str:
+    """Parameter name in the unwrapped model (drops DDP, FSDP, checkpoint and compile prefixes)."""
+    for prefix in ("module.", "_orig_mod."):
+        if name.startswith(prefix):
+            name = name[len(prefix) :]
+    return name.replace(CKPT_PREFIX, "")
+
+
+def full_grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient this rank holds, whole (a DTensor shard is gathered), by clean name."""
+    out = {}
+    for name, p in model.named_parameters():
+        if p.grad is None:
+            continue
+        g = p.grad
+        if hasattr(g, "full_tensor"):  # DTensor (FSDP2)
+            g = g.full_tensor()
+        out[clean_name(name)] = g.detach().clone()
+    return out
