@@ -50,7 +50,7 @@ def _rank_step_times(out_dir: str) -> list[list[float]]:
     out = []
     for name in sorted(os.listdir(out_dir)):
         if name.startswith("rank") and name.endswith(".json"):
-            out.append(list(json.loads(open(os.path.join(out_dir, name)).read()).get("step_times_s", [])))
+            out.append(list(json.loads(open(os.path.join(out_dir, name)).read()).get("step_s", [])))
     return out
 
 
@@ -71,7 +71,7 @@ def _record(plan, pred, runs: list, ref_probe_s: float) -> dict:
         "pred_peak_mem_bytes": list(pred.peak_mem_bytes),
         "meas_peak_mem_bytes": list(first.peak_mem_bytes) if first.peak_mem_bytes else None,
         "passes": [{"meas_step_time_s": m.step_time_at(ref_probe_s), "meas_raw_step_time_s": m.step_time_s,
-                    "probe_s": m.probe_s, "meas_rank_step_times_s": list(m.step_times_s),
+                    "probe_s": m.probe_s, "meas_rank_step_times_s": list(m.rank_median_step_s),
                     "load_avg_1m_before": load, "wall_s": m.wall_s} for m, _, load in runs],
     }
     if bad is None:

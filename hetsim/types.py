@@ -78,8 +78,8 @@ class Measurement:
     peak_mem_bytes: tuple[int, ...] | None = None
     memory: tuple[MemoryBreakdown, ...] | None = None
     error: str | None = None
-    step_times_s: tuple[float, ...] = ()
-    """Median step time of each rank."""
+    rank_median_step_s: tuple[float, ...] = ()
+    """Median step time of each rank (hetsim.execution.worker.RankResult.step_s has every step)."""
     wall_s: float = 0.0
     failed_rank: int | None = None
     """Plan rank whose failure ended the run (None: ok, a timeout, or unknown)."""

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from hetsim.errors import HetsimError, UnknownNameError
+from hetsim.workloads.builtin import OPTIMIZERS
 
 
 def positive_int(name: str):
@@ -138,9 +139,9 @@ def resolve(args, console):
     all_precisions = ("fp32", "bf16", "fp16")
     precisions = (checks.name_list(args.precisions, "--precisions", all_precisions, "precision")
                   if args.precisions else ("fp32", "bf16"))
-    if args.optimizer is not None and args.optimizer not in ("adamw", "adam", "sgd"):
-        raise UnknownNameError("optimizer", args.optimizer, ["adamw", "adam", "sgd"],
-                               checks.closest_hint(args.optimizer, ["adamw", "adam", "sgd"]))
+    if args.optimizer is not None and args.optimizer not in OPTIMIZERS:
+        raise UnknownNameError("optimizer", args.optimizer, list(OPTIMIZERS),
+                               checks.closest_hint(args.optimizer, list(OPTIMIZERS)))
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)

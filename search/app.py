@@ -131,9 +131,9 @@ def _run(opts: Options, console: Console, stop: StopFlag) -> int:
     base_plan = ddp.baseline(ctx)
     base_pred, _, _ = ddp.predict(base_plan, cost)
     ref = profile_ref(profiles.models.values())
-    rows = [report.Row(rank=i + 1, label=strategies.get(c.plan.strategy).label(c.plan), plan=c.plan,
+    rows = [report.Row(place=i + 1, label=strategies.get(c.plan.strategy).label(c.plan), plan=c.plan,
                        predicted=c.prediction, measured=None, ref_probe_s=ref) for i, c in enumerate(top)]
-    base_row = report.Row(rank=0, label="uniform baseline: " + ddp.label(base_plan), plan=base_plan, predicted=base_pred,
+    base_row = report.Row(place=0, label="uniform baseline: " + ddp.label(base_plan), plan=base_plan, predicted=base_pred,
                           measured=None, ref_probe_s=ref)
     notes = list(cluster.notes) + list(opts.notes)
     if not cands:

@@ -28,6 +28,7 @@ from hetsim.profiling.store import (
     save,
 )
 from hetsim.types import Fit
+from hetsim.workloads.builtin import min_samples_per_micro_batch
 
 Say = Callable[[str], None]
 
@@ -255,7 +256,7 @@ def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: P
     cost0 = cost_with(zero)
     pipe = Pipeline()
     points = []
-    for plan in calibration_pipeline_plans(cost0, global_batch, 2 if workload.has_batchnorm else 1):
+    for plan in calibration_pipeline_plans(cost0, global_batch, min_samples_per_micro_batch(workload.has_batchnorm)):
         say(f"calibrating pipeline actions: a real {pipe.label(plan)} step on all {len(cluster.devices)} devices")
         m = measure(plan, cluster=cluster, workload_spec=workload.spec, optimizer=workload.optimizer, steps=6,
                     warmup=3, timeout_s=600)

@@ -11,6 +11,7 @@ import re
 import unicodedata
 
 from hetsim.errors import ConfigError, UnknownNameError
+from hetsim.workloads.builtin import BN_MIN_SAMPLES, min_samples_per_micro_batch
 
 
 def closest_hint(name: str, known: list[str] | tuple[str, ...]) -> str:
@@ -79,10 +80,11 @@ def batch_covers_devices(global_batch: int, n_devices: int, min_local: int, has_
                          model: str) -> None:
     """The uniform data-parallel baseline runs on every device with at least one sample each
     (two with BatchNorm, which needs more than one value per channel)."""
-    per = max(min_local, 2 if has_batchnorm else 1)
+    per = min_samples_per_micro_batch(has_batchnorm, min_local)
     need = per * n_devices
     if global_batch < need:
-        why = (f"{model} has BatchNorm, which needs 2 samples per device" if has_batchnorm and per == 2
+        why = (f"{model} has BatchNorm, which needs {BN_MIN_SAMPLES} samples per device"
+               if has_batchnorm and per == BN_MIN_SAMPLES
                else f"--min-local-batch {min_local}")
         raise ConfigError(f"--global-batch {global_batch} is smaller than the {need} samples the cluster's "
                           f"{n_devices} devices need ({per} each: {why}); raise --global-batch to at least "

@@ -37,6 +37,7 @@ from hetsim.errors import ConfigError, HetsimError, InfeasiblePlanError
 from hetsim.hardware.cluster import parse_cluster
 from hetsim.model.costmodel import CostModel
 from hetsim.profiling.store import CommProfile, DeviceProfile, ModelProfile, ProfileSet, load
+from hetsim.reporting.metrics import mape, rel_err
 from hetsim.serial import to_dict
 from hetsim.workloads.builtin import workload_from_spec
 
@@ -63,18 +64,6 @@ KENDALL_TAU_MIN = 0.8
 
 
 # ----------------------------------------------------------------------------- accuracy arithmetic
-
-
-def rel_err(predicted: float, measured: float) -> float:
-    """Signed relative error of a prediction, as a fraction of the measured value."""
-    return (predicted - measured) / measured
-
-
-def mape(pairs: Sequence[tuple[float, float]]) -> float:
-    """Mean absolute percentage error (as a fraction) over (predicted, measured) pairs."""
-    if not pairs:
-        raise ValueError("MAPE of no pairs: nothing was measured")
-    return sum(abs(rel_err(p, m)) for p, m in pairs) / len(pairs)
 
 
 def kendall_tau(xs: Sequence[float], ys: Sequence[float]) -> float:

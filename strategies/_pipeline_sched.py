@@ -313,7 +313,7 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
             worst = max(worst, before + f_b)
             before += k_b
         sweep[s] = max(0.0, worst - kept[s])
-        numels += [n for b in cost.ref.blocks[lo:hi] for n in b.param_numels]
+        numels += [n for b in cost.base_profile.blocks[lo:hi] for n in b.param_numels]
         wgrad[s] = float(cost.param_bytes(lo, hi))
     temps = temporaries_bytes(cost, micro, precision)
     split = any(a.kind == "W" for a in actions)

@@ -27,6 +27,7 @@ from hetsim.errors import InfeasiblePlanError
 from hetsim.hardware.cluster import interchangeable_groups
 from hetsim.model.memory import data_parallel_memory
 from hetsim.types import MemoryBreakdown
+from hetsim.workloads.builtin import BN_MIN_SAMPLES, min_samples_per_micro_batch
 from hetsim.workloads.precision import autocast
 
 from .base import param
@@ -59,9 +60,6 @@ __all__ = [
     "uneven_split",
 ]
 
-BN_MIN_SAMPLES = 2
-"""BatchNorm in training mode needs more than one value per channel: every micro-batch of a
-BatchNorm model holds at least this many samples (torch raises on one)."""
 BN_MIN_MICRO_BATCH = 8
 """BatchNorm's batch statistics get noisy below about 8 samples per device and hurt accuracy
 (the Group Normalization paper, Wu and He 2018, measured it); hetsim warns there, it does not refuse."""
@@ -150,7 +148,7 @@ def uneven_split(global_batch: int, n: int) -> tuple[int, ...]:
 
 def min_micro_batch(ctx: SearchContext) -> int:
     """Fewest samples a micro-batch may hold: the user's `--min-local-batch`, and two for BatchNorm."""
-    return max(ctx.min_local_batch, BN_MIN_SAMPLES if ctx.cost.facts.has_batchnorm else 1)
+    return min_samples_per_micro_batch(ctx.cost.facts.has_batchnorm, ctx.min_local_batch)
 
 
 def local_floor(ctx: SearchContext, accum: int) -> int:

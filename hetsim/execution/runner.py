@@ -208,10 +208,10 @@ def measure(plan, *, cluster: Cluster, workload_spec: str, optimizer: str, steps
         ranks = [by_rank[r] for r in range(n)]
         step, meds = summarize_steps(ranks)
         probes = [p for r in ranks for p in r.probe_s]
-        probed = all(len(r.probe_s) == len(r.step_times_s) > 0 for r in ranks)
+        probed = all(len(r.probe_s) == len(r.step_s) > 0 for r in ranks)
         mems = tuple(r.memory for r in ranks)
         return Measurement(status="ok", step_time_s=step, samples_per_s=plan.global_batch / step,
-                           peak_mem_bytes=tuple(m.total_bytes for m in mems), memory=mems, step_times_s=meds,
+                           peak_mem_bytes=tuple(m.total_bytes for m in mems), memory=mems, rank_median_step_s=meds,
                            wall_s=wall, probe_s=ref_of(probes) if probed else None,
                            steps_per_probe=summarize_steps(ranks, 1.0)[0] if probed else None)
     return _failure(by_rank, n, tail, timed_out, timeout_s, wall)

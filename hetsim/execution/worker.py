@@ -65,7 +65,8 @@ class Job:
 class RankResult:
     rank: int
     status: str
-    step_times_s: tuple[float, ...] = ()
+    step_s: tuple[float, ...] = ()
+    """Every timed step of this rank, in order."""
     probe_s: tuple[float, ...] = ()
     """The host-speed probe timed just before each timed step (empty when not asked for)."""
     memory: MemoryBreakdown | None = None
@@ -209,7 +210,7 @@ def run_job(job: Job, build_executor: BuildExecutor) -> RankResult:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - t)
-    return RankResult(rank=rank, status="ok", step_times_s=tuple(times), probe_s=tuple(probes), memory=mem,
+    return RankResult(rank=rank, status="ok", step_s=tuple(times), probe_s=tuple(probes), memory=mem,
                       losses=tuple(losses))
 
 
@@ -265,9 +266,9 @@ def summarize_steps(results: list[RankResult], ref_probe_s: float = 0.0) -> tupl
     """The step time of a run (the slowest rank's median step) and each rank's median; with
     `ref_probe_s`, every step is first expressed at that host speed, by the ranks' mean probe of
     that step (hetsim.profiling.hostspeed.shared_probes; raw when a rank was not probed)."""
-    ranks = [r for r in results if r.step_times_s]
+    ranks = [r for r in results if r.step_s]
     probes = shared_probes([r.probe_s for r in ranks])
-    meds = tuple(statistics.median(at_ref(r.step_times_s, probes, ref_probe_s)) for r in ranks)
+    meds = tuple(statistics.median(at_ref(r.step_s, probes, ref_probe_s)) for r in ranks)
     return (max(meds) if meds else float("nan")), meds
 
 

@@ -49,10 +49,11 @@ class CostModel:
         self.optimizer = optimizer
         if not profiles.models:
             raise ProfileError("no model profile was given to the cost model; profile the model first")
-        self._ref_kind = next(iter(profiles.models))
-        self.ref = profiles.models[self._ref_kind]
+        self._base_kind = next(iter(profiles.models))
+        self.base_profile = profiles.models[self._base_kind]
+        """The model profile block sizes are read from and catalog devices are scaled from."""
         self.facts = ModelFacts(
-            n_blocks=len(self.ref.blocks), has_batchnorm=has_batchnorm, batch_coupled=batch_coupled, optimizer=optimizer
+            n_blocks=len(self.base_profile.blocks), has_batchnorm=has_batchnorm, batch_coupled=batch_coupled, optimizer=optimizer
         )
         self._scale = [self._device_scale(d) for d in cluster.devices]
         self._memo: dict[tuple, Any] = {}
@@ -73,11 +74,11 @@ class CostModel:
         """(profile to read, time multiplier) for device d."""
         if d.kind in self.profiles.models:
             return self.profiles.models[d.kind], 1.0 / d.speed
-        ref_dev = self.profiles.devices.get(self._ref_kind)
+        ref_dev = self.profiles.devices.get(self._base_kind)
         if d.backend == "catalog" and ref_dev is not None and d.peak_fp32_flops > 0:
             ref_flops = ref_dev.matmul_flops.get("fp32", 0.0)
             if ref_flops > 0:
-                return self.ref, ref_flops / (d.peak_fp32_flops * CATALOG_EFFICIENCY)
+                return self.base_profile, ref_flops / (d.peak_fp32_flops * CATALOG_EFFICIENCY)
         raise ProfileError(
             f"device {d.name!r} (kind {d.kind!r}) has no profile and cannot be scaled from one; "
             f"profiled kinds: {', '.join(self.profiles.models)}"
@@ -91,7 +92,7 @@ class CostModel:
         return self.cluster.devices[i]
 
     def blocks(self, dev: int | None = None) -> tuple[BlockProfile, ...]:
-        return (self._scale[dev][0] if dev is not None else self.ref).blocks
+        return (self._scale[dev][0] if dev is not None else self.base_profile).blocks
 
     def precision_factor(self, dev: int, precision: str) -> tuple[str, float]:
         """Timing key to read and extra factor: devices without a fast path run low precision at fp32 speed."""
@@ -269,13 +270,13 @@ class CostModel:
     # -------------------------------------------------------------- memory
 
     def param_count(self, lo: int = 0, hi: int | None = None) -> int:
-        return sum(b.param_count for b in self.ref.blocks[lo:hi])
+        return sum(b.param_count for b in self.base_profile.blocks[lo:hi])
 
     def param_bytes(self, lo: int = 0, hi: int | None = None) -> int:
-        return sum(b.param_bytes for b in self.ref.blocks[lo:hi])
+        return sum(b.param_bytes for b in self.base_profile.blocks[lo:hi])
 
     def buffer_bytes(self, lo: int = 0, hi: int | None = None) -> int:
-        return sum(b.buffer_bytes for b in self.ref.blocks[lo:hi])
+        return sum(b.buffer_bytes for b in self.base_profile.blocks[lo:hi])
 
     def optim_state_bytes(self, param_count: float) -> int:
         return int(OPTIMIZER_STATE_PER_PARAM.get(self.optimizer, 2) * 4 * param_count)
@@ -288,11 +289,11 @@ class CostModel:
         if mb <= 0:
             return 0
         total = 0.0
-        key = precision if precision in self.ref.blocks[0].act_bytes else "fp32"
+        key = precision if precision in self.base_profile.blocks[0].act_bytes else "fp32"
         for k in range(lo, hi):
-            b = self.ref.blocks[k]
+            b = self.base_profile.blocks[k]
             if k < checkpoint_upto:
-                prev = self.ref.blocks[k - 1].out_bytes_per_sample if k > 0 else self.ref.input_bytes_per_sample
+                prev = self.base_profile.blocks[k - 1].out_bytes_per_sample if k > 0 else self.base_profile.input_bytes_per_sample
                 total += prev * mb
             else:
                 total += b.act_bytes[key](mb)

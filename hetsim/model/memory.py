@@ -140,7 +140,7 @@ def zero1_owned_counts(cost: CostModel, shards: int) -> list[int]:
 
 
 def _zero1_owned_counts(cost: CostModel, shards: int) -> list[int]:
-    numels = [n for b in cost.ref.blocks for n in b.param_numels]
+    numels = [n for b in cost.base_profile.blocks for n in b.param_numels]
     if not numels:
         total = cost.param_count()
         return [total // shards + (1 if r < total % shards else 0) for r in range(shards)]
@@ -166,17 +166,17 @@ class _BlockActs:
 
 
 def _block_activations(cost: CostModel, mb: float, precision: str, ckpt: int) -> _BlockActs:
-    ref = cost.ref
-    blocks = ref.blocks
+    prof = cost.base_profile
+    blocks = prof.blocks
     n = len(blocks)
     key = precision if precision in blocks[0].act_bytes else "fp32"
     act = [b.act_bytes[key](mb) for b in blocks]
-    inp = [ref.input_bytes_per_sample * mb] + [blocks[k - 1].out_bytes_per_sample * mb for k in range(1, n)]
+    inp = [prof.input_bytes_per_sample * mb] + [blocks[k - 1].out_bytes_per_sample * mb for k in range(1, n)]
     # Boundary tensors saved by both neighbours (a block's output that the next block saves as its
     # input) are one storage: the calibrated whole-model total says how much the per-block sum
     # over-counts; it is spread over the boundaries in proportion to their size.
     overlap = [0.0] * n
-    cal = ref.memory
+    cal = prof.memory
     if cal is not None and n > 1:
         whole = (cal.saved_bytes.get(key) or cal.saved_bytes.get("fp32"))
         boundary = sum(inp[1:])
@@ -215,7 +215,7 @@ def optimizer_step_temp_bytes(optimizer: str, param_numels) -> int:
 
 def temporaries_bytes(cost: CostModel, mb: float, precision: str) -> float:
     """Calibrated temporaries at the backward peak of a plain step (0 without a calibration)."""
-    cal = cost.ref.memory
+    cal = cost.base_profile.memory
     if cal is None:
         return 0.0
     fit = cal.temp_bytes.get(precision) or cal.temp_bytes.get("fp32")
@@ -225,7 +225,7 @@ def temporaries_bytes(cost: CostModel, mb: float, precision: str) -> float:
 def largest_param_bytes(cost: CostModel) -> int:
     """The largest single parameter (fp32 bytes): the gradient temporary a plain step creates
     before accumulating it, which FSDP's fresh unsharded gradients replace."""
-    numels = [n for b in cost.ref.blocks for n in b.param_numels]
+    numels = [n for b in cost.base_profile.blocks for n in b.param_numels]
     return 4 * max(numels) if numels else 0
 
 

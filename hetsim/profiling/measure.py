@@ -18,7 +18,7 @@ from hetsim.profiling.hostspeed import HostProbe, at_ref, ref_of
 from hetsim.profiling.memcal import profile_memory
 from hetsim.profiling.store import BlockProfile, BlockTiming, DeviceProfile, ModelProfile
 from hetsim.types import Fit
-from hetsim.workloads.builtin import Workload, make_optimizer
+from hetsim.workloads.builtin import PROFILED_OPTIMIZERS, Workload, make_optimizer
 from hetsim.workloads.precision import autocast
 
 FORMAT = "3"
@@ -233,13 +233,13 @@ def profile_model(
                 param_numels=tuple(p.numel() for p in blk.parameters()),
             )
         )
-    opt_fits = {name: _profile_optimizer(model, name, device, reps, probe, ref) for name in ("adamw", "sgd")}
+    opt_fits = {name: _profile_optimizer(model, name, device, reps, probe, ref) for name in PROFILED_OPTIMIZERS}
     opt_fits["adam"] = opt_fits["adamw"]
     cosines = {p: grad_cosine(workload, device, p, min(16, max(micro_batches))) for p in precisions if p != "fp32"}
     host_fits: dict[str, Fit] = {}
     if device.type != "cpu":  # CPU offload steps the optimizer on the host: measured there too
         host_model = workload.model()
-        host_fits = {name: _profile_optimizer(host_model, name, torch.device("cpu"), reps) for name in ("adamw", "sgd")}
+        host_fits = {name: _profile_optimizer(host_model, name, torch.device("cpu"), reps) for name in PROFILED_OPTIMIZERS}
         host_fits["adam"] = host_fits["adamw"]
         del host_model
     fp = device_fingerprint(kind, device)

@@ -9,13 +9,15 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hetsim.reporting.metrics import mape_of
 from hetsim.serial import to_dict
 from hetsim.types import Measurement, Prediction, TimelineEvent
 
 
 @dataclass
 class Row:
-    rank: int
+    place: int
+    """Position in the report's table (1 = best predicted; the baseline is 0)."""
     label: str
     plan: object
     predicted: Prediction
@@ -123,9 +125,9 @@ def accuracy(rows: list[Row]) -> dict:
     return {
         "executed": len(executed),
         "executed_ok": len(errs),
-        "step_time_mape": sum(errs) / len(errs) / 100 if errs else None,
+        "step_time_mape": mape_of(e / 100 for e in errs) if errs else None,
         "step_time_max_err": max(errs) / 100 if errs else None,
-        "peak_mem_mape": sum(merrs) / len(merrs) / 100 if merrs else None,
+        "peak_mem_mape": mape_of(e / 100 for e in merrs) if merrs else None,
         "oom_predicted_to_fit": len(oom_fit),
         "oom_predicted_to_fit_plans": [oom_detail(r) for r in oom_fit],
     }
@@ -144,7 +146,7 @@ def summary(data: ReportData) -> dict:
                                 for d in c.devices]},
         "global_batch": data.global_batch,
         "accuracy": accuracy(rows),
-        "candidates": [{"rank": r.rank, "label": r.label, "plan": to_dict(r.plan), "predicted": _pred_json(r.predicted),
+        "candidates": [{"place": r.place, "label": r.label, "plan": to_dict(r.plan), "predicted": _pred_json(r.predicted),
                         "measured": _meas_json(r.measured)} for r in data.candidates],
         "baselines": ({"uniform_ddp": {"label": data.baseline.label, "plan": to_dict(data.baseline.plan),
                                        "predicted": _pred_json(data.baseline.predicted),
@@ -171,7 +173,7 @@ def table_rows(data: ReportData) -> list[list[str]]:
         sp = speedup(r, data.baseline)
         hs = host_speed(r)
         out.append([
-            "base" if r is data.baseline else str(r.rank),
+            "base" if r is data.baseline else str(r.place),
             r.label,
             _fmt(r.predicted.samples_per_s),
             _fmt(m.samples_per_s if m else None) if m and m.status == "ok" else (m.status if m else "not run"),
@@ -210,7 +212,7 @@ def _figures(data: ReportData, out: Path) -> dict[str, Path]:
         ys = [r.predicted.samples_per_s for r in ok]
         for r, x, y in zip(ok, xs, ys):
             ax.scatter([x], [y], color="tab:red" if r is data.baseline else "tab:blue")
-            ax.annotate("base" if r is data.baseline else str(r.rank), (x, y), textcoords="offset points", xytext=(4, 4))
+            ax.annotate("base" if r is data.baseline else str(r.place), (x, y), textcoords="offset points", xytext=(4, 4))
         lo, hi = 0.0, max(xs + ys) * 1.15
         ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="y = x")
         ax.set_xlim(lo, hi)
@@ -247,7 +249,7 @@ def _figures(data: ReportData, out: Path) -> dict[str, Path]:
                 ax.hlines(cap, i - 0.45, i + 0.45, colors="k", linestyles="--")
             ax.set_xticks(range(len(devs)), [f"dev{d}\npred | meas" for d in devs])
             ax.set_ylabel("MiB")
-            ax.set_title(("base" if r is data.baseline else f"#{r.rank}") + " memory vs capacity (--)", fontsize=9)
+            ax.set_title(("base" if r is data.baseline else f"#{r.place}") + " memory vs capacity (--)", fontsize=9)
         axes[0][0].legend(fontsize=7)
         fig.tight_layout()
         figs["memory"] = out / "memory.png"
@@ -322,7 +324,7 @@ def write(data: ReportData, out_root: Path) -> Path:
     runs = []
     for r in data.candidates + ([data.baseline] if data.baseline else []):
         m = r.measured
-        runs.append({"rank": "base" if r is data.baseline else r.rank, "plan": r.label,
+        runs.append({"place": "base" if r is data.baseline else r.place, "plan": r.label,
                      "pred_step_time_s": r.predicted.step_time_s, "pred_samples_per_s": r.predicted.samples_per_s,
                      "status": m.status if m else "not_run", "meas_step_time_s": m.step_time_s if m else None,
                      "meas_step_time_at_profile_speed_s": m.step_time_at(r.ref_probe_s) if m else None,
@@ -381,7 +383,7 @@ def _markdown(data: ReportData, s: dict, figs: dict[str, Path]) -> str:
     for r in data.candidates + ([data.baseline] if data.baseline else []):
         m = r.measured
         if m is not None and m.status != "ok":
-            lines += [f"**{'baseline' if r is data.baseline else '#' + str(r.rank)} {m.status}**:", "```", (m.error or "")[-1500:], "```"]
+            lines += [f"**{'baseline' if r is data.baseline else '#' + str(r.place)} {m.status}**:", "```", (m.error or "")[-1500:], "```"]
         if not r.predicted.feasible:
             lines += ["- predicted infeasible: " + "; ".join(r.predicted.violations)]
     if data.notes:

@@ -54,6 +54,22 @@ class Workload:
         return make_optimizer(self.optimizer, params, self.lr)
 
 
+OPTIMIZER_STATE_PER_PARAM = {"adamw": 2, "adam": 2, "sgd": 1}
+"""Optimizer state tensors per parameter (exp_avg + exp_avg_sq; momentum buffer)."""
+OPTIMIZERS = tuple(OPTIMIZER_STATE_PER_PARAM)
+"""The optimizer names a workload accepts."""
+PROFILED_OPTIMIZERS = ("adamw", "sgd")
+"""The optimizers whose step profiling times (adam steps as adamw does: the cost model falls back to it)."""
+BN_MIN_SAMPLES = 2
+"""BatchNorm in training mode needs more than one value per channel: every micro-batch of a
+BatchNorm model holds at least this many samples (torch raises on one)."""
+
+
+def min_samples_per_micro_batch(has_batchnorm: bool, min_local: int = 1) -> int:
+    """Fewest samples a micro-batch may hold: the user's `--min-local-batch`, and two for BatchNorm."""
+    return max(min_local, BN_MIN_SAMPLES if has_batchnorm else 1)
+
+
 def make_optimizer(kind: str, params, lr: float) -> torch.optim.Optimizer:
     if kind == "adamw":
         return torch.optim.AdamW(params, lr=lr, foreach=False)
@@ -61,11 +77,7 @@ def make_optimizer(kind: str, params, lr: float) -> torch.optim.Optimizer:
         return torch.optim.Adam(params, lr=lr, foreach=False)
     if kind == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=0.9, foreach=False)
-    raise UnknownNameError("optimizer", kind, ["adamw", "adam", "sgd"])
-
-
-OPTIMIZER_STATE_PER_PARAM = {"adamw": 2, "adam": 2, "sgd": 1}
-"""Optimizer state tensors per parameter (exp_avg + exp_avg_sq; momentum buffer)."""
+    raise UnknownNameError("optimizer", kind, list(OPTIMIZERS))
 
 
 # ----------------------------------------------------------------------------- vision

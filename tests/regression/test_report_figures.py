@@ -35,8 +35,8 @@ def written(tmp_path_factory):
         pred, _, _ = strat.predict(plan, ctx.cost)
         meas = Measurement(status="ok", step_time_s=pred.step_time_s * MEASURED_SLOWER,
                            samples_per_s=pred.samples_per_s / MEASURED_SLOWER, peak_mem_bytes=pred.peak_mem_bytes,
-                           memory=pred.memory, step_times_s=(pred.step_time_s * MEASURED_SLOWER,))
-        rows.append(report.Row(rank=len(rows) + 1, label=strat.label(plan), plan=plan, predicted=pred, measured=meas))
+                           memory=pred.memory, rank_median_step_s=(pred.step_time_s * MEASURED_SLOWER,))
+        rows.append(report.Row(place=len(rows) + 1, label=strat.label(plan), plan=plan, predicted=pred, measured=meas))
     best = rows[0]
     _, sched, graph = strategies.get(best.plan.strategy).predict(best.plan, ctx.cost)
     data = report.ReportData(

@@ -40,8 +40,8 @@ def test_profile_reference_needs_one_probed_profile():
 
 
 def test_run_step_time_at_a_reference_speed_is_the_slowest_ranks_median():
-    fast = RankResult(rank=0, status="ok", step_times_s=(1.0, 1.2, 1.1), probe_s=(0.02, 0.02, 0.02))
-    slow = RankResult(rank=1, status="ok", step_times_s=(1.0, 2.0, 1.5), probe_s=(0.01, 0.04, 0.03))
+    fast = RankResult(rank=0, status="ok", step_s=(1.0, 1.2, 1.1), probe_s=(0.02, 0.02, 0.02))
+    slow = RankResult(rank=1, status="ok", step_s=(1.0, 2.0, 1.5), probe_s=(0.01, 0.04, 0.03))
     step, meds = summarize_steps([fast, slow])
     assert step == 1.5 and meds == (1.1, 1.5)
     # One probe per step for both ranks, their mean: 15, 30 and 25 ms.  At a 10 ms host rank 0's
@@ -54,8 +54,8 @@ def test_shared_probes_need_every_rank_probed_at_every_step():
     assert shared_probes([(0.02, 0.03), (0.01, 0.01)]) == pytest.approx([0.015, 0.02])
     assert shared_probes([(0.02, 0.03), ()]) == []
     assert shared_probes([(0.02, 0.03), (0.01,)]) == []
-    unprobed = RankResult(rank=1, status="ok", step_times_s=(1.0, 2.0), probe_s=())
-    probed = RankResult(rank=0, status="ok", step_times_s=(1.0, 3.0), probe_s=(0.02, 0.02))
+    unprobed = RankResult(rank=1, status="ok", step_s=(1.0, 2.0), probe_s=())
+    probed = RankResult(rank=0, status="ok", step_s=(1.0, 3.0), probe_s=(0.02, 0.02))
     assert summarize_steps([probed, unprobed], 0.010)[1] == (2.0, 1.5)  # raw: no common probe
 
 
@@ -72,9 +72,9 @@ def test_report_error_is_taken_at_the_profiles_host_speed():
     # 0.625 s raw while the probe took 20 ms (the profile's took 16 ms): 0.5 s at the profile's speed.
     meas = Measurement(status="ok", step_time_s=0.625, samples_per_s=51.2, peak_mem_bytes=(1,), probe_s=0.020,
                        steps_per_probe=0.625 / 0.020)
-    row = report.Row(rank=1, label="x", plan=DDPPlan(devices=(0,), local_batch=(32,)), predicted=pred,
+    row = report.Row(place=1, label="x", plan=DDPPlan(devices=(0,), local_batch=(32,)), predicted=pred,
                      measured=meas, ref_probe_s=0.016)
     assert report.host_speed(row) == pytest.approx(0.8)
     assert report.err_pct(row) == pytest.approx(10.0)
-    raw = report.Row(rank=1, label="x", plan=row.plan, predicted=pred, measured=meas)
+    raw = report.Row(place=1, label="x", plan=row.plan, predicted=pred, measured=meas)
     assert report.host_speed(raw) is None and report.err_pct(raw) == pytest.approx(-12.0)

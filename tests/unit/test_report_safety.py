@@ -39,7 +39,7 @@ def _data(rows, *, study="s", model="mlp", cluster=None, notes=()) -> report.Rep
 def test_html_report_escapes_every_name(tmp_path):
     plan = DDPPlan(devices=(0, 1), local_batch=(8, 8))
     failed = Measurement(status="error", error=f"rank 0: RuntimeError: {EVIL}")
-    rows = [report.Row(rank=1, label=EVIL, plan=plan, predicted=_prediction(), measured=failed)]
+    rows = [report.Row(place=1, label=EVIL, plan=plan, predicted=_prediction(), measured=failed)]
     data = _data(rows, study=EVIL, model=EVIL, cluster=_cluster(EVIL), notes=[EVIL])
     folder = report.write(data, tmp_path)
     assert folder.parent == tmp_path / "reports"  # a name with '/' cannot leave the reports folder
@@ -58,7 +58,7 @@ def test_report_folder_name_stays_inside_reports():
 
 def test_oom_figure_is_in_every_report(tmp_path):
     plan = DDPPlan(devices=(0, 1), local_batch=(8, 8))
-    rows = [report.Row(rank=1, label="ddp 8/8", plan=plan, predicted=_prediction(), measured=None)]
+    rows = [report.Row(place=1, label="ddp 8/8", plan=plan, predicted=_prediction(), measured=None)]
     folder = report.write(_data(rows), tmp_path)
     for name in ("report.md", "report.html"):
         assert "out-of-memory among 0 executed plans predicted to fit: 0" in (folder / name).read_text()
@@ -71,8 +71,8 @@ def test_oom_predicted_to_fit_shows_plan_and_missing_bytes(tmp_path):
                       failed_peak_bytes=101 * MiB)
     ok = Measurement(status="ok", step_time_s=0.1, samples_per_s=160.0, peak_mem_bytes=(50 * MiB, 50 * MiB),
                      memory=(MemoryBreakdown(params_bytes=50 * MiB),) * 2)
-    rows = [report.Row(rank=1, label="ddp 6/10", plan=plan, predicted=_prediction(), measured=oom),
-            report.Row(rank=2, label="ddp 8/8", plan=DDPPlan(devices=(0, 1), local_batch=(8, 8)),
+    rows = [report.Row(place=1, label="ddp 6/10", plan=plan, predicted=_prediction(), measured=oom),
+            report.Row(place=2, label="ddp 8/8", plan=DDPPlan(devices=(0, 1), local_batch=(8, 8)),
                        predicted=_prediction(), measured=ok)]
     folder = report.write(_data(rows), tmp_path)
     acc = json.loads((folder / "summary.json").read_text())["accuracy"]
@@ -89,7 +89,7 @@ def test_oom_predicted_to_fit_shows_plan_and_missing_bytes(tmp_path):
 
 def test_oom_without_a_measured_peak_gives_a_lower_bound():
     plan = DDPPlan(devices=(0, 1), local_batch=(6, 10))
-    row = report.Row(rank=1, label="ddp", plan=plan, predicted=_prediction(),
+    row = report.Row(place=1, label="ddp", plan=plan, predicted=_prediction(),
                      measured=Measurement(status="oom", error="CUDA out of memory", failed_rank=0))
     d = report.oom_detail(row)
     assert d["at_least"] and d["under_predicted_bytes"] == 40 * MiB  # capacity 100 - predicted 60
