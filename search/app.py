@@ -215,8 +215,8 @@ def _run(opts: Options, console: Console, stop: StopFlag) -> int:
     folder = report.write(data, opts.out)
     _print_table(console, data)
     summary = report.summary(data)
-    console.print(escape(report._accuracy_line(summary)))
-    for line in report._oom_lines(summary):
+    console.print(escape(report.accuracy_line(summary)))
+    for line in report.oom_lines(summary):
         console.print(f"[red]out of memory although predicted to fit:[/] {escape(line)}", highlight=False)
     for n in notes:
         console.print(f"[yellow]note:[/] {escape(n)}")
