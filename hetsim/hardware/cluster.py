@@ -1,499 +1,58 @@
-"""Devices and clusters: emulated CPU workers, real CUDA GPUs, catalog GPUs, TOML files.
+"""Every `--cluster` form to one `Cluster`: `parse_cluster` is the entry (emulated, CUDA, catalog, TOML file).
 
-Every form of `--cluster` produces the same `Cluster` value.
+The forms live beside it: devices.py (Device, Link, Cluster, sizes), emulated.py, catalog.py,
+cuda.py, clusterfile.py; their public names are re-exported here.
 """
 
 from __future__ import annotations
 
-import csv
-import dataclasses
-import difflib
 import os
-import re
-from dataclasses import dataclass, field
-from importlib import resources
-from pathlib import Path
 
-import tomllib
-
-from hetsim.errors import ClusterSpecError, UnknownNameError
-
-GiB = 1024**3
-DEFAULT_EMULATED = "emu:1.0@4G,0.5@2G"
-
-# Effective per-direction figures (shared/data/link_bandwidths.md), bytes per second.
-HOST_LINK_BPS = {
-    "PCIe3 x16": 12e9,
-    "PCIe4 x16": 25e9,
-    "PCIe5 x16": 35e9,
-    "NVLink2": 12e9,  # SXM boards still reach the host over PCIe3
-    "NVLink3": 25e9,
-    "NVLink4": 35e9,
-}
-# Device-to-device through host memory when there is no P2P (NCCL over PCIe): ~6 GB/s.
-NO_P2P_BPS = 6e9
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Device:
-    """One device of a cluster."""
-
-    name: str
-    """Human name, e.g. 'emu0 (x1.0, 4.0 GiB)' or 'NVIDIA GeForce RTX 3090'."""
-    kind: str
-    """Profile key: devices of one kind share one measured profile ('emu-cpu', a GPU name)."""
-    memory_bytes: int
-    """Capacity for tensors (the emulated cap, or the GPU's total memory)."""
-    speed: float = 1.0
-    """Relative compute speed against the kind's measured profile (emulated throttle)."""
-    backend: str = "emulated"
-    """'emulated', 'cuda' or 'catalog'."""
-    index: int = 0
-    """CUDA ordinal for 'cuda' devices; position otherwise."""
-    compute_capability: tuple[int, int] | None = None
-    host_link: str = ""
-    """E.g. 'PCIe4 x16'."""
-    host_link_bps: float = 0.0
-    """Host<->device bandwidth per direction, bytes/s (0: unknown / same memory)."""
-    nvlink: bool = False
-    catalog_key: str = ""
-    peak_fp32_flops: float = 0.0
-    peak_bf16_flops: float = 0.0
-    peak_fp16_flops: float = 0.0
-    mem_bw_bps: float = 0.0
-
-    @property
-    def supports_bf16(self) -> bool:
-        if self.backend == "emulated":
-            return True
-        return self.compute_capability is not None and self.compute_capability >= (8, 0)
-
-    @property
-    def fast_fp16(self) -> bool:
-        """fp16 is faster than fp32 only with tensor cores (cc >= 7.0)."""
-        if self.backend == "emulated":
-            return False
-        return self.compute_capability is not None and self.compute_capability >= (7, 0)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Link:
-    bandwidth_bps: float
-    """Effective bytes per second, one direction."""
-    latency_s: float = 10e-6
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Cluster:
-    spec: str
-    """The text the user gave (or the file path)."""
-    source: str
-    """'emulated', 'cuda', 'catalog' or 'file'."""
-    devices: tuple[Device, ...]
-    links: tuple[tuple[Link, ...], ...] | None = None
-    """Link matrix (None: use the measured collectives of the process group)."""
-    host_memory_bytes: int = 0
-    """Host RAM available for offload (psutil), shared by all devices of the node."""
-    notes: tuple[str, ...] = field(default_factory=tuple)
-
-    @property
-    def emulated(self) -> bool:
-        return all(d.backend == "emulated" for d in self.devices)
-
-    @property
-    def calibrated(self) -> bool:
-        """Catalog devices are scaled from specifications, not measured."""
-        return not any(d.backend == "catalog" for d in self.devices)
-
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(d.kind for d in self.devices))
-
-    def describe(self) -> str:
-        label = {
-            "emulated": "EMULATED cluster (CPU worker processes; speed and memory are emulated)",
-            "cuda": "CUDA cluster",
-            "catalog": "CATALOG cluster (simulation only, uncalibrated: scaled from public specs)",
-            "file": "cluster from file",
-        }[self.source]
-        devs = "; ".join(
-            f"[{i}] {d.name} {d.memory_bytes / GiB:.1f} GiB" + (f" x{d.speed:g}" if d.backend == "emulated" else "")
-            for i, d in enumerate(self.devices)
-        )
-        return f"{label}: {self.spec} -> {devs}"
-
-
-# ----------------------------------------------------------------------------- interchangeable devices
-
-
-def _same_device(a: Device, b: Device) -> bool:
-    """Equal in everything but the label and the position (name, index)."""
-    return a == dataclasses.replace(b, name=a.name, index=a.index)
-
-
-def _swappable(cluster: Cluster, i: int, j: int) -> bool:
-    """True when exchanging devices i and j leaves the cluster the same: equal devices, and equal
-    links to and from every third device (and between the two, in both directions)."""
-    devs = cluster.devices
-    if not _same_device(devs[i], devs[j]):
-        return False
-    links = cluster.links
-    if links is None:  # collectives come from the measured process group: the same for any member
-        return True
-    if links[i][j] != links[j][i] or links[i][i] != links[j][j]:
-        return False
-    return all(links[i][k] == links[j][k] and links[k][i] == links[k][j]
-               for k in range(len(devs)) if k != i and k != j)
-
-
-def interchangeable_groups(cluster: Cluster) -> tuple[tuple[int, ...], ...]:
-    """Device indices grouped so that any two devices of a group can be swapped without changing
-    the cluster (same kind, speed, memory, backend and links), each group in index order and the
-    groups in order of their first device.  Swaps compose, so this is an equivalence and every
-    permutation within a group is a symmetry: a plan that uses k devices of a group may as well
-    use the first k.  On a cluster where every device differs, every group has one device."""
-    groups: list[list[int]] = []
-    for i in range(len(cluster.devices)):
-        for g in groups:
-            if _swappable(cluster, g[0], i):
-                g.append(i)
-                break
-        else:
-            groups.append([i])
-    return tuple(tuple(g) for g in groups)
-
-
-# ----------------------------------------------------------------------------- parsing
-
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
-
-
-def parse_size(text: str, *, what: str = "memory size") -> int:
-    """'4G', '512M', '1.5GiB', '1073741824' -> bytes."""
-    m = _SIZE.match(text)
-    if not m and _SIZE.match(text.strip().lstrip("-")):
-        raise ClusterSpecError(f"{what} {text!r} is negative; it must be greater than zero (e.g. 4G)")
-    if not m:
-        raise ClusterSpecError(
-            f"{what} {text!r} is not a size; write a number with an optional unit K, M, G or T (e.g. 4G, 512M)"
-        )
-    value = float(m.group(1)) * _UNITS[m.group(2).upper()]
-    if value <= 0:
-        raise ClusterSpecError(f"{what} {text!r} must be greater than zero (e.g. 4G)")
-    return int(value)
-
-
-def _parse_speed(text: str) -> float:
-    try:
-        speed = float(text)
-    except ValueError:
-        raise ClusterSpecError(
-            f"emulated device speed {text!r} is not a number; write e.g. 1.0 or 0.5 (relative to this CPU)"
-        ) from None
-    if not speed > 0 or speed != speed or speed == float("inf"):
-        raise ClusterSpecError(
-            f"emulated device speed {text!r} must be a finite number > 0 (1.0 = this CPU, 0.5 = half as fast)"
-        )
-    if speed > 1.0:
-        raise ClusterSpecError(
-            f"emulated device speed {text!r} is above 1.0: a CPU worker cannot run faster than this CPU; "
-            "scale the speeds so the fastest device is 1.0"
-        )
-    return speed
-
-
-def host_memory_bytes() -> int:
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().total)
-    except Exception:  # psutil missing is not fatal: offload then has no host cap
-        return 0
-
-
-def emulated(spec: str) -> Cluster:
-    """`emu:SPEED@MEM,...`, e.g. `emu:1.0@4G,0.5@2G`."""
-    body = spec.split(":", 1)[1] if ":" in spec else ""
-    items = [s.strip() for s in body.split(",")]
-    if not body.strip() or any(not s for s in items):
-        raise ClusterSpecError(
-            f"--cluster {spec!r}: an emulated cluster lists devices as SPEED@MEM separated by commas, "
-            "e.g. emu:1.0@4G,0.5@2G"
-        )
-    devices = []
-    for i, item in enumerate(items):
-        if "@" not in item:
-            raise ClusterSpecError(
-                f"--cluster {spec!r}: device {item!r} has no memory; write SPEED@MEM, e.g. 0.5@2G"
-            )
-        speed_s, mem_s = item.split("@", 1)
-        speed = _parse_speed(speed_s)
-        mem = parse_size(mem_s, what=f"emulated device {i} memory")
-        devices.append(
-            Device(
-                name=f"emu{i} (x{speed:g}, {mem / GiB:.2g} GiB)",
-                kind="emu-cpu",
-                memory_bytes=mem,
-                speed=speed,
-                backend="emulated",
-                index=i,
-            )
-        )
-    ncores = os.cpu_count() or 1
-    notes = ()
-    if len(devices) > ncores:
-        notes = (
-            f"{len(devices)} emulated devices on {ncores} CPU cores: workers share cores, so measured "
-            "times are inexact",
-        )
-    return Cluster(spec=spec, source="emulated", devices=tuple(devices), host_memory_bytes=host_memory_bytes(), notes=notes)
-
-
-# ----------------------------------------------------------------------------- catalog
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class CatalogEntry:
-    key: str
-    name: str
-    compute_capability: tuple[int, int]
-    mem_gib: float
-    mem_bw_gbs: float
-    fp32_tflops: float
-    fp16_tensor_tflops: float
-    bf16_tflops: float
-    host_link: str
-    nvlink_gbs_bidir: float
-    notes: str
-
-
-def load_catalog() -> dict[str, CatalogEntry]:
-    text = resources.files("hetsim").joinpath("data/gpu_specs.csv").read_text()
-    out = {}
-    for row in csv.DictReader(text.splitlines()):
-        major, minor = row["compute_capability"].split(".")
-        out[row["key"]] = CatalogEntry(
-            key=row["key"],
-            name=row["name"],
-            compute_capability=(int(major), int(minor)),
-            mem_gib=float(row["mem_gib"]),
-            mem_bw_gbs=float(row["mem_bw_gbs"]),
-            fp32_tflops=float(row["fp32_tflops"]),
-            fp16_tensor_tflops=float(row["fp16_tensor_tflops"]),
-            bf16_tflops=float(row["bf16_tflops"]),
-            host_link=row["host_link"],
-            nvlink_gbs_bidir=float(row["nvlink_gbs_bidir"]),
-            notes=row["notes"],
-        )
-    return out
-
-
-def catalog_device(entry: CatalogEntry, index: int) -> Device:
-    # 'about 15 GiB usable with ECC' style notes are respected through mem_gib as published.
-    return Device(
-        name=entry.name,
-        kind=entry.key,
-        memory_bytes=int(entry.mem_gib * GiB),
-        backend="catalog",
-        index=index,
-        compute_capability=entry.compute_capability,
-        host_link=entry.host_link,
-        host_link_bps=HOST_LINK_BPS.get(entry.host_link, 12e9),
-        nvlink=entry.nvlink_gbs_bidir > 0,
-        catalog_key=entry.key,
-        peak_fp32_flops=entry.fp32_tflops * 1e12,
-        peak_bf16_flops=entry.bf16_tflops * 1e12,
-        peak_fp16_flops=(entry.fp16_tensor_tflops or entry.fp32_tflops) * 1e12,
-        mem_bw_bps=entry.mem_bw_gbs * 1e9,
-    )
-
-
-def _pair_link(a: Device, b: Device) -> Link:
-    if a.nvlink and b.nvlink and a.kind == b.kind:
-        return Link(bandwidth_bps=50e9, latency_s=5e-6)
-    bw = min(a.host_link_bps or NO_P2P_BPS, b.host_link_bps or NO_P2P_BPS, NO_P2P_BPS)
-    return Link(bandwidth_bps=bw, latency_s=20e-6)
-
-
-def _link_matrix(devices: tuple[Device, ...]) -> tuple[tuple[Link, ...], ...]:
-    return tuple(tuple(_pair_link(a, b) for b in devices) for a in devices)
-
-
-def catalog(spec: str) -> Cluster:
-    """`catalog:KEY[*N],...`, e.g. `catalog:rtx_3090,gtx_1080_ti*2,t4`."""
-    table = load_catalog()
-    body = spec.split(":", 1)[1] if ":" in spec else ""
-    items = [s.strip() for s in body.split(",")]
-    if not body.strip() or any(not s for s in items):
-        raise ClusterSpecError(
-            f"--cluster {spec!r}: a catalog cluster lists keys separated by commas, e.g. catalog:rtx_3090,t4*2"
-        )
-    devices: list[Device] = []
-    for item in items:
-        key, _, count_s = item.partition("*")
-        key = key.strip().lower()
-        count = 1
-        if count_s:
-            if not count_s.strip().isdigit() or int(count_s) < 1:
-                raise ClusterSpecError(f"--cluster {spec!r}: count {count_s!r} in {item!r} must be a whole number >= 1")
-            count = int(count_s)
-        if key not in table:
-            close = difflib.get_close_matches(key, list(table), n=1, cutoff=0.4)
-            hint = f"did you mean {close[0]!r}?" if close else ""
-            raise UnknownNameError("catalog GPU", key, list(table), hint)
-        devices.extend(catalog_device(table[key], len(devices) + j) for j in range(count))
-    devs = tuple(devices)
-    return Cluster(
-        spec=spec,
-        source="catalog",
-        devices=devs,
-        links=_link_matrix(devs),
-        host_memory_bytes=host_memory_bytes(),
-        notes=("catalog devices are scaled from public specifications: simulation only, uncalibrated",),
-    )
-
-
-# ----------------------------------------------------------------------------- CUDA
-
-
-def detect_cuda() -> Cluster | None:
-    """Real GPUs through nvidia-ml-py and torch.cuda; None when there are none."""
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except Exception:  # no driver: not a CUDA machine
-        return None
-    try:
-        n = pynvml.nvmlDeviceGetCount()
-        if n == 0:
-            return None
-        devices = []
-        for i in range(n):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name = pynvml.nvmlDeviceGetName(h)
-            name = name.decode() if isinstance(name, bytes) else str(name)
-            mem = int(pynvml.nvmlDeviceGetMemoryInfo(h).total)
-            try:
-                cc = tuple(int(v) for v in pynvml.nvmlDeviceGetCudaComputeCapability(h))
-            except Exception:
-                cc = None
-            try:
-                gen = int(pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h))
-                width = int(pynvml.nvmlDeviceGetCurrPcieLinkWidth(h))
-                link = f"PCIe{gen} x{width}"
-                # ~0.985 GB/s per lane for gen3, doubling each generation, ~80% efficiency.
-                bps = 0.985e9 * (2 ** (gen - 3)) * width * 0.8
-            except Exception:
-                link, bps = "", 12e9
-            nvlink = False
-            for lk in range(18):
-                try:
-                    if pynvml.nvmlDeviceGetNvLinkState(h, lk):
-                        nvlink = True
-                        break
-                except Exception:
-                    break
-            devices.append(
-                Device(
-                    name=name,
-                    kind=name,
-                    memory_bytes=mem,
-                    backend="cuda",
-                    index=i,
-                    compute_capability=cc,  # type: ignore[arg-type]
-                    host_link=link,
-                    host_link_bps=bps,
-                    nvlink=nvlink,
-                )
-            )
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
-    devs = tuple(devices)
-    return Cluster(spec="cuda", source="cuda", devices=devs, links=_link_matrix(devs), host_memory_bytes=host_memory_bytes())
-
-
-# ----------------------------------------------------------------------------- TOML
-
-
-_TOML_DEVICE_FIELDS = frozenset({"name", "memory", "speed", "catalog"})
-
-
-def from_toml(path: str) -> Cluster:
-    """A TOML file: [[device]] tables with name, memory, and speed (emulated) or catalog key."""
-    p = Path(path)
-    try:
-        data = tomllib.loads(p.read_text())
-    except FileNotFoundError:
-        raise ClusterSpecError(f"cluster file {path!r} does not exist; give an existing TOML file or an emu:/catalog: spec") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ClusterSpecError(f"cluster file {path!r} cannot be read ({e}); check its permissions and encoding") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ClusterSpecError(f"cluster file {path!r} is not valid TOML: {e}") from None
-    entries = data.get("device")
-    if not isinstance(entries, list) or not entries:
-        found = f" (it has: {', '.join(sorted(data))})" if data else " (it is empty)"
-        raise ClusterSpecError(
-            f"cluster file {path!r} has no [[device]] tables{found}; each device needs at least "
-            "'memory' and either 'speed' (emulated) or 'catalog' (a GPU key)"
-        )
-    table = None
-    devices: list[Device] = []
-    for i, e in enumerate(entries):
-        if not isinstance(e, dict):
-            raise ClusterSpecError(f"cluster file {path!r}: device {i} is not a table")
-        unknown = sorted(set(e) - _TOML_DEVICE_FIELDS)
-        if unknown:
-            close = difflib.get_close_matches(unknown[0], sorted(_TOML_DEVICE_FIELDS), n=1, cutoff=0.5)
-            raise ClusterSpecError(
-                f"cluster file {path!r}: device {i} has unknown field(s) {', '.join(map(repr, unknown))}"
-                + (f" (did you mean {close[0]!r}?)" if close else "")
-                + f"; a device takes {', '.join(sorted(_TOML_DEVICE_FIELDS))}"
-            )
-        if "catalog" in e:
-            table = table or load_catalog()
-            key = str(e["catalog"]).lower()
-            if key not in table:
-                close = difflib.get_close_matches(key, list(table), n=1, cutoff=0.4)
-                raise UnknownNameError("catalog GPU", key, list(table), f"did you mean {close[0]!r}?" if close else "")
-            dev = catalog_device(table[key], i)
-            if "memory" in e:
-                dev = _replace(dev, memory_bytes=parse_size(str(e["memory"]), what=f"device {i} memory"))
-            devices.append(dev)
-            continue
-        missing = [k for k in ("speed", "memory") if k not in e]
-        if missing:
-            raise ClusterSpecError(
-                f"cluster file {path!r}: device {i} misses field(s) {', '.join(missing)}; "
-                "an emulated device needs speed (e.g. 0.5) and memory (e.g. \"2G\")"
-            )
-        speed = _parse_speed(str(e["speed"]))
-        mem = parse_size(str(e["memory"]), what=f"device {i} memory")
-        devices.append(
-            Device(
-                name=str(e.get("name", f"emu{i} (x{speed:g}, {mem / GiB:.2g} GiB)")),
-                kind="emu-cpu",
-                memory_bytes=mem,
-                speed=speed,
-                backend="emulated",
-                index=i,
-            )
-        )
-    devs = tuple(devices)
-    links = None if all(d.backend == "emulated" for d in devs) else _link_matrix(devs)
-    return Cluster(spec=str(path), source="file", devices=devs, links=links, host_memory_bytes=host_memory_bytes())
-
-
-def _replace(dev: Device, **kw) -> Device:
-    import dataclasses
-
-    return dataclasses.replace(dev, **kw)
+from hetsim.errors import ClusterSpecError
+from hetsim.hardware.catalog import (
+    CatalogEntry,
+    catalog,
+    catalog_device,
+    link_matrix,
+    load_catalog,
+)
+from hetsim.hardware.clusterfile import from_toml
+from hetsim.hardware.cuda import detect_cuda
+from hetsim.hardware.devices import (
+    DEFAULT_EMULATED,
+    HOST_LINK_BPS,
+    NO_P2P_BPS,
+    Cluster,
+    Device,
+    GiB,
+    Link,
+    host_memory_bytes,
+    interchangeable_groups,
+    parse_size,
+)
+from hetsim.hardware.emulated import emulated
+
+__all__ = [
+    "DEFAULT_EMULATED",
+    "HOST_LINK_BPS",
+    "NO_P2P_BPS",
+    "CatalogEntry",
+    "Cluster",
+    "Device",
+    "GiB",
+    "Link",
+    "link_matrix",
+    "catalog",
+    "catalog_device",
+    "detect_cuda",
+    "emulated",
+    "from_toml",
+    "host_memory_bytes",
+    "interchangeable_groups",
+    "load_catalog",
+    "parse_cluster",
+    "parse_size",
+]
 
 
 def parse_cluster(spec: str | None) -> Cluster:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hetsim.strategies.zero import ZeRO, ZeROPlan
 
-from hetsim.hardware.cluster import Cluster, Device, _link_matrix
+from hetsim.hardware.cluster import Cluster, Device, link_matrix
 from hetsim.model.costmodel import CostModel
 from hetsim.profiling.store import DeviceProfile, ModelProfile, ProfileSet, load
 from hetsim.types import Fit
@@ -22,7 +22,7 @@ H200 = Path(__file__).resolve().parents[2] / "results" / "gpu" / "h200" / "profi
 def _h200_cost(model: ModelProfile) -> CostModel:
     dev = Device(name="NVIDIA H200", kind="NVIDIA H200", memory_bytes=140 << 30, backend="cuda",
                  compute_capability=(9, 0), host_link="PCIe5 x16", host_link_bps=50e9)
-    cluster = Cluster(spec="cuda", source="cuda", devices=(dev,), links=_link_matrix((dev,)))
+    cluster = Cluster(spec="cuda", source="cuda", devices=(dev,), links=link_matrix((dev,)))
     device = load(DeviceProfile, H200 / "device.json")
     return CostModel(cluster, ProfileSet(models={dev.kind: model}, devices={dev.kind: device}), "adamw",
                      has_batchnorm=True)
