@@ -21,13 +21,14 @@ from typing import TYPE_CHECKING
 
 from hetsim.errors import InfeasiblePlanError
 from hetsim.execution.memtrack import measure_step
-from hetsim.model.memory import data_parallel_memory, fsdp_gather_bytes, zero1_owned_counts
-from hetsim.model.simulator import Resource, TaskGraph, TaskKind
+from hetsim.model.memory import data_parallel_memory
+from hetsim.model.simulator import TaskGraph
 from hetsim.types import MemoryBreakdown
 
 from . import register
+from ._zero_graph import sharded_graph, zero1_graph
 from .base import Plan, SearchContext, Strategy, WorkerContext
-from .ddp import DataParallelExecutor, DDPExecutor, data_parallel_graph
+from .ddp import DataParallelExecutor, DDPExecutor
 from .helpers import (
     balance_batch,
     batchnorm_warning,
@@ -182,121 +183,13 @@ class ZeRO(Strategy):
 
     def graph(self, plan: ZeROPlan, cost) -> TaskGraph:
         if plan.zero_stage == 1:
-            return _zero1_graph(plan, cost)
-        return _sharded_graph(plan, cost)
+            return zero1_graph(plan, cost)
+        return sharded_graph(plan, cost)
 
     def executor(self, plan: ZeROPlan, ctx: WorkerContext):
         if plan.zero_stage == 1:
             return ZeRO1Executor(plan, ctx)
         return FSDPExecutor(plan, ctx)
-
-
-# ----------------------------------------------------------------------------- time
-
-
-def _zero1_graph(plan: ZeROPlan, cost: CostModel) -> TaskGraph:
-    """DDP's step with each rank stepping only the parameters it owns, then the owners broadcast them."""
-    owned = zero1_owned_counts(cost, len(plan.devices))
-    g = data_parallel_graph(cost, plan.devices, plan.local_batch, plan.accum_steps, plan.precision,
-                            plan.checkpoint_blocks, [float(c) for c in owned])
-    opts = [t.tid for t in g.tasks if t.kind == TaskKind.OPTIMIZER]
-    # ZeroRedundancyOptimizer broadcasts every owner's parameters: all-gather volume of the whole model.
-    g.add(Resource.COMM, TaskKind.ALLGATHER, cost.allgather_s(cost.param_bytes(), tuple(plan.devices)), opts, label="param broadcast")
-    return g
-
-
-def _sharded_graph(plan: ZeROPlan, cost: CostModel) -> TaskGraph:
-    """FSDP2: per-block all-gather before forward (and before backward for ZeRO-3), per-block
-    reduce-scatter after backward, on one shared communication channel; the optimizer steps
-    the local shard (on the host with offload)."""
-    n = cost.facts.n_blocks
-    devs = tuple(plan.devices)
-    shards = len(devs)
-    wbytes = fsdp_gather_bytes(cost, plan.precision)
-    # On CUDA FSDP2 overlaps its collectives with compute through streams; on CPU (emulated devices)
-    # streams do nothing and every all-gather and reduce-scatter blocks the rank that issues it.
-    blocking = any(cost.device(d).backend == "emulated" for d in devs)
-    g = TaskGraph()
-    last_rs: list[int] = []
-    fwd_start: dict[tuple[int, int], int] = {}
-    rs_prev: int | None = None
-    for j in range(plan.accum_steps):
-        sizes = [split_evenly(b, plan.accum_steps)[j] for b in plan.local_batch]
-        # Forward: block k's all-gather is issued at block k's pre-forward; on CUDA the host runs
-        # ahead of the kernels, so it overlaps block k-1's compute; a blocking rank waits for it.
-        # A blocking rank starts the next micro-step's forward after its last reduce-scatter.
-        prev_f: list[int | None] = [rs_prev if blocking else None] * shards
-        for k in range(n):
-            pk = cost.param_bytes(k, k + 1)
-            ag = None
-            if pk:
-                ahead = 1 if blocking else 2
-                deps = [fwd_start.get((i, k - ahead)) for i in range(shards)]
-                ag = g.add(Resource.COMM, TaskKind.ALLGATHER, cost.allgather_s(pk * wbytes / 4, devs), deps, label=f"AG{j}.{k}")
-            for i, d in enumerate(devs):
-                dur = cost.fwd_s(d, k, k + 1, sizes[i], plan.precision)
-                if k == 0:
-                    dur += cost.overhead_s(d, sizes[i])
-                if plan.offload and pk:
-                    dur += _host_copy_s(cost, d, pk / shards)
-                tid = g.add(Resource.device(d), TaskKind.FORWARD, dur, [ag, prev_f[i]], label=f"F{j}.{k}")
-                fwd_start[(i, k)] = tid
-                prev_f[i] = tid
-        # Backward: ZeRO-3 gathers each block again, the next one while this one computes (FSDP2's
-        # backward prefetch: block k-1's all-gather is issued as block k's backward starts); every
-        # block's gradient is reduce-scattered after its backward.
-        prev_b: list[int | None] = list(prev_f)
-        gathers: dict[int, int] = {}
-        regather = plan.zero_stage == 3
-        if regather and cost.param_bytes(n - 1, n):
-            gathers[n - 1] = g.add(Resource.COMM, TaskKind.ALLGATHER, cost.allgather_s(cost.param_bytes(n - 1, n) * wbytes / 4, devs),
-                                   list(prev_f), label=f"AGb{j}.{n - 1}")
-        rs_prev = None
-        for k in reversed(range(n)):
-            pprev = cost.param_bytes(k - 1, k) if k else 0
-            if regather and pprev:  # prev_b: block k+1's backward (or the forward) has ended
-                gathers[k - 1] = g.add(Resource.COMM, TaskKind.ALLGATHER, cost.allgather_s(pprev * wbytes / 4, devs),
-                                       list(prev_b), label=f"AGb{j}.{k - 1}")
-            waits = [gathers.get(k)]
-            if blocking:
-                waits += [gathers.get(k - 1), rs_prev]
-            bids = []
-            for i, d in enumerate(devs):
-                dur = cost.bwd_s(d, k, k + 1, sizes[i], plan.precision)
-                dur += cost.recompute_s(d, k, k + 1, sizes[i], plan.precision, plan.checkpoint_blocks)
-                if plan.offload and k in gathers:  # the shard goes up again for the re-gather
-                    dur += _host_copy_s(cost, d, cost.param_bytes(k, k + 1) / shards)
-                tid = g.add(Resource.device(d), TaskKind.BACKWARD, dur, [*waits, prev_b[i]], label=f"B{j}.{k}")
-                bids.append(tid)
-                prev_b[i] = tid
-            pk = cost.param_bytes(k, k + 1)
-            if pk:
-                rs = g.add(Resource.COMM, TaskKind.REDUCESCATTER, cost.allgather_s(pk, devs), bids, label=f"RS{j}.{k}")
-                rs_prev = rs
-                if j == plan.accum_steps - 1:
-                    last_rs.append(rs)
-    # The calibrated contention of a data-parallel group (measured with DDP: ranks computing side
-    # by side and gloo progressing on busy cores) applies to FSDP's group as well.
-    sync = cost.sync_residual_s(devs)
-    if plan.zero_stage == 3:  # calibrated with a real ZeRO-3 step (hetsim.search.calibrate.calibrate_sharded)
-        sync += cost.shard_residual_s(devs)
-    if sync and last_rs:
-        last_rs = [g.add(Resource.COMM, TaskKind.SYNC, sync, list(last_rs), label="sync (calibrated)")]
-    for d in devs:
-        count = cost.param_count() / shards
-        t = cost.host_opt_s(d, count) if plan.offload else cost.opt_s(d, count)
-        if plan.offload:
-            t += _host_copy_s(cost, d, cost.param_bytes() / shards)  # sharded gradients to the host
-        g.add(Resource.device(d), TaskKind.OPTIMIZER, t, list(last_rs), label="opt")
-    return g
-
-
-def _host_copy_s(cost: CostModel, dev: int, nbytes: float) -> float:
-    """Host<->device copy of nbytes.  On an emulated CPU device FSDP2's `.to(device)` of an offloaded
-    shard returns the same tensor (host and device memory are one), so nothing is copied."""
-    if cost.device(dev).backend == "emulated":
-        return 0.0
-    return cost.host_transfer_s(dev, nbytes)
 
 
 # ----------------------------------------------------------------------------- real run
