@@ -3,7 +3,6 @@ measure (and record) the rest."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,18 +22,19 @@ from hetsim.profiling.store import (
     DeviceProfile,
     ModelProfile,
     ProfileSet,
+    comm_fingerprint,
+    comm_profile_path,
+    device_profile_path,
     group_key,
     load,
+    model_fingerprint,
+    model_profile_path,
     save,
 )
 from hetsim.types import Fit
 from hetsim.workloads.builtin import min_samples_per_micro_batch
 
 Say = Callable[[str], None]
-
-
-def _safe(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.@-]+", "_", text)
 
 
 def micro_batch_sizes(global_batch: int, n_devices: int) -> tuple[int, ...]:
@@ -104,18 +104,16 @@ def obtain_profiles(cluster: Cluster, workload, *, root: Path, global_batch: int
         dev_obj = next((d for d in cluster.devices if d.kind == kind), None)
         device = torch.device("cuda", dev_obj.index) if dev_obj is not None and dev_obj.backend == "cuda" else torch.device("cpu")
         fp = device_fingerprint(kind, device)
-        base = root / "profiles" / _safe(kind)
-        devices[kind] = _load_or(base / "device.json", DeviceProfile, fp,
+        devices[kind] = _load_or(device_profile_path(root, kind), DeviceProfile, fp,
                                  lambda k=kind, d=device: profile_device(k, d), reprofile, say)
-        mfp = dict(fp)
-        mfp.update({"model": workload.spec, "micro_batches": ",".join(map(str, sizes)), "precisions": ",".join(precisions)})
+        mfp = model_fingerprint(fp, workload.spec, sizes, precisions)
         def measure_model(k=kind, d=device, dev_prof=devices[kind], dev_obj=dev_obj):
             prof = profile_model(workload, k, d, sizes, precisions, progress=say)
             if dev_obj is not None and dev_obj.backend != "catalog":
                 prof = calibrate_residual(dev_obj, workload, prof, dev_prof, sizes, say, launch_cfg)
             return prof
 
-        models[kind] = _load_or(base / f"model-{_safe(workload.spec)}.json", ModelProfile, mfp, measure_model,
+        models[kind] = _load_or(model_profile_path(root, kind, workload.spec), ModelProfile, mfp, measure_model,
                                 reprofile, say)
     comm: dict[int, CommProfile] = {}
     n = len(cluster.devices)
@@ -125,8 +123,8 @@ def obtain_profiles(cluster: Cluster, workload, *, root: Path, global_batch: int
         device = torch.device("cuda", dev0.index) if dev0.backend == "cuda" else torch.device("cpu")
         cfp = device_fingerprint(kind, device)
         for ws in sorted({2, n}):
-            cfp_ws = dict(cfp, world_size=str(ws))
-            comm[ws] = _load_or(root / "profiles" / _safe(kind) / f"comm-{ws}.json", CommProfile, cfp_ws,
+            cfp_ws = comm_fingerprint(cfp, ws)
+            comm[ws] = _load_or(comm_profile_path(root, kind, ws), CommProfile, cfp_ws,
                                 lambda ws=ws, f=cfp_ws: commbench(cluster, ws, f, launch_cfg=launch_cfg), reprofile, say)
     profiles = ProfileSet(models=models, devices=devices, comm=comm)
     if cluster.links is None and n > 1 and all(d.backend != "catalog" for d in cluster.devices):
@@ -192,7 +190,7 @@ def _calibrate_uniform(cluster: Cluster, workload, profiles: ProfileSet, root: P
             prof = replace(prof, **{field: {**getattr(prof, field), key: real - pred.step_time_s}})
         else:
             prof = replace(prof, calib_failed={**prof.calib_failed, tag: m.status})
-        save(prof, root / "profiles" / _safe(kind) / f"model-{_safe(workload.spec)}.json")
+        save(prof, model_profile_path(root, kind, workload.spec))
         models[kind] = prof
     return replace(profiles, models=models)
 
@@ -277,6 +275,6 @@ def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: P
     models = {}
     for kind, prof in profiles.models.items():
         prof = replace(prof, pipe_action_s={**prof.pipe_action_s, key: fit})
-        save(prof, root / "profiles" / _safe(kind) / f"model-{_safe(workload.spec)}.json")
+        save(prof, model_profile_path(root, kind, workload.spec))
         models[kind] = prof
     return replace(profiles, models=models)

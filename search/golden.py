@@ -28,7 +28,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hetsim.search.calibrate import _safe as safe
 from hetsim.search.study import feasible_candidates, open_study, run_search
 from hetsim.strategies.base import SearchContext
 
@@ -36,7 +35,16 @@ from hetsim import strategies
 from hetsim.errors import ConfigError, HetsimError, InfeasiblePlanError
 from hetsim.hardware.cluster import parse_cluster
 from hetsim.model.costmodel import CostModel
-from hetsim.profiling.store import CommProfile, DeviceProfile, ModelProfile, ProfileSet, load
+from hetsim.profiling.store import (
+    CommProfile,
+    DeviceProfile,
+    ModelProfile,
+    ProfileSet,
+    device_profile_path,
+    load,
+    model_profile_path,
+    profile_dir,
+)
 from hetsim.reporting.metrics import mape, rel_err
 from hetsim.serial import to_dict
 from hetsim.workloads.builtin import workload_from_spec
@@ -132,15 +140,11 @@ def accuracy_of(records: Sequence[dict]) -> Accuracy:
 # ----------------------------------------------------------------------------- recorded profiles
 
 
-def _safe(text: str) -> str:
-
-    return safe(text)
-
-
 def profile_paths(root: Path, model_spec: str, kind: str = REFERENCE_KIND) -> list[Path]:
     """The recorded files a cost model for this workload reads: device, model, collectives."""
-    base = Path(root) / "profiles" / _safe(kind)
-    return [base / "device.json", base / f"model-{_safe(model_spec)}.json", *sorted(base.glob("comm-*.json"))]
+    base = profile_dir(root, kind)
+    return [device_profile_path(root, kind), model_profile_path(root, kind, model_spec),
+            *sorted(base.glob("comm-*.json"))]
 
 
 def profile_digests(root: Path, model_spec: str, kind: str = REFERENCE_KIND) -> dict[str, str]:
