@@ -43,7 +43,7 @@ def _context(n_devices: int, workload):
 def _search(ctx) -> dict:
     from hetsim.search.study import feasible_candidates, open_study, run_search
 
-    study = open_study("bench-search", None, seed=0, resume=False)
+    study = open_study("bench-search", None, seed=0)
     best_at: list[tuple[float, int, float]] = []  # (seconds, trial, best feasible value so far)
     t0 = time.perf_counter()
 

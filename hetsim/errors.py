@@ -42,12 +42,6 @@ class InfeasiblePlanError(HetsimError):
     """A plan that cannot run (memory, batch split, device count)."""
 
 
-class WorkerError(HetsimError):
-    """A real run that failed (out of memory, crash, hang, non-finite loss)."""
-
-    def __init__(self, status: str, message: str):
-        self.status = status
-        super().__init__(message)
 
 
 class EmulatedOutOfMemoryError(HetsimError):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from hetsim.errors import HetsimError, UnknownNameError
 from hetsim.workloads.builtin import OPTIMIZERS
+from hetsim.workloads.precision import PRECISIONS
 
 
 def positive_int(name: str):
@@ -136,7 +137,7 @@ def resolve(args, console):
     fault = _parse_fault(args.inject_fault) if args.inject_fault else None
     known = strategies.names()
     names = checks.name_list(args.strategies, "--strategies", known, "strategy") if args.strategies else tuple(known)
-    all_precisions = ("fp32", "bf16", "fp16")
+    all_precisions = PRECISIONS
     precisions = (checks.name_list(args.precisions, "--precisions", all_precisions, "precision")
                   if args.precisions else ("fp32", "bf16"))
     if args.optimizer is not None and args.optimizer not in OPTIMIZERS:

@@ -106,7 +106,7 @@ def _run(opts: Options, console: Console, stop: StopFlag) -> int:
     wl = opts.workload
     say = lambda msg: console.print(f"[dim]{escape(msg)}[/]")  # noqa: E731
     # The storage first: a URL that cannot be opened fails in a second, not after profiling.
-    study = open_study(opts.study, opts.storage, opts.seed, resume=True)
+    study = open_study(opts.study, opts.storage, opts.seed)
     t0 = time.perf_counter()
     profiles = obtain_profiles(cluster, wl, root=opts.out, global_batch=opts.global_batch,
                                precisions=opts.precisions, reprofile=opts.reprofile, say=say, launch_cfg=opts.launch)

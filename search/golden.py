@@ -252,7 +252,7 @@ def compute(case: Case, root: Path = RESULTS, families: Sequence[str] | None = N
             except InfeasiblePlanError as e:
                 rows.append({"label": strat.label(plan), "plan": _plain(plan), "invalid": str(e)})
         fixed[name] = rows
-    study = open_study(f"golden-{case.name}", None, case.seed, resume=False)
+    study = open_study(f"golden-{case.name}", None, case.seed)
     run_search(study, ctx, names, case.trials)
     cands = feasible_candidates(study)
     best = None

@@ -31,7 +31,8 @@ class Candidate:
     trial_number: int
 
 
-def open_study(name: str, storage: str | None, seed: int, resume: bool) -> optuna.Study:
+def open_study(name: str, storage: str | None, seed: int) -> optuna.Study:
+    """The named study in `storage` (in memory when None), created or resumed; TPE seeded with `seed`."""
     kw = {} if _NEW_CONSTRAINTS else {"constraints_func": _constraints}
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the CLI says itself whether a study resumes
     sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=20, **kw)
@@ -98,7 +99,6 @@ def make_objective(ctx: SearchContext, names: list[str]) -> Callable[[optuna.Tri
 def run_search(study: optuna.Study, ctx: SearchContext, names: list[str], trials: int,
                callbacks=(), stop: Callable[[], bool] = lambda: False) -> None:
     objective = make_objective(ctx, names)
-    done = 0
 
     def check_stop(st, tr):
         if stop():
@@ -113,7 +113,6 @@ def run_search(study: optuna.Study, ctx: SearchContext, names: list[str], trials
     remaining = trials - len([t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE])
     if remaining > 0:
         study.optimize(objective, n_trials=remaining, callbacks=[*callbacks, check_stop], catch=(), gc_after_trial=False)
-    del done
 
 
 def seed_trials(study: optuna.Study, ctx: SearchContext, names: list[str]) -> int:

@@ -154,10 +154,6 @@ class MeasuresOwnMemory(Protocol):
         """Run `fn` (one training step) and return its peak memory by category."""
 
 
-OPTIONAL_EXECUTOR_MEMBERS = ("model", "opt", "measure_memory")
-"""What an executor may have beyond `Executor` (see `TracksMemory`, `MeasuresOwnMemory`)."""
-
-
 class Predicted(NamedTuple):
     """What `Strategy.predict` returns; a tuple, so `pred, sched, graph = ...` still unpacks."""
 

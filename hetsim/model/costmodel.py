@@ -21,7 +21,6 @@ from hetsim.workloads.builtin import OPTIMIZER_STATE_PER_PARAM
 # Fraction of datasheet peak that convolution-heavy training reaches on a GPU
 # (typical published MFU of ResNet training); used only for catalog scaling.
 CATALOG_EFFICIENCY = 0.4
-BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 T = TypeVar("T")
 
 

@@ -12,7 +12,6 @@ from hetsim.errors import ProfileCorruptError, ProfileMismatchError
 from hetsim.serial import dump_json, from_dict
 from hetsim.types import Fit
 
-PROFILE_FORMAT = 1
 T = TypeVar("T")
 
 

@@ -8,7 +8,6 @@ import torch
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 """'fp32'; 'bf16' and 'fp16' run under torch.autocast (fp16 with loss scaling, CUDA only)."""
-BYTES_PER_VALUE = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 def low_precision_dtype(precision: str) -> torch.dtype:
