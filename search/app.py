@@ -177,7 +177,7 @@ def _run(opts: Options, console: Console, stop: StopFlag) -> int:
                     prog.update(task, description=f"running {r.label}")
                     r.measured = measure(r.plan, cluster=cluster, workload_spec=wl.spec, optimizer=wl.optimizer,
                                          steps=opts.steps, warmup=opts.warmup, timeout_s=opts.timeout_s,
-                                         seed=opts.seed, out_dir=str(opts.out / "runs" / opts.study / f"run-{r.rank}"),
+                                         seed=opts.seed, out_dir=str(opts.out / "runs" / opts.study / f"run-{r.place}"),
                                          launch_cfg=opts.launch, fault=fault)
                     fault = None  # only the first real run
                     store_measurement(study, r.plan, r.measured)
