@@ -80,7 +80,7 @@ def make_objective(ctx: SearchContext, names: list[str]) -> Callable[[optuna.Tri
         strat = strategies.get(name)
         try:
             plan = strat.space(trial, ctx)
-            pred, _, _ = strat.predict(plan, ctx.cost)
+            pred = strat.evaluate(plan, ctx.cost)
         except InfeasiblePlanError as e:
             trial.set_user_attr("infeasible", str(e))
             _set_constraint(trial, 1.0)
@@ -137,7 +137,7 @@ def seed_trials(study: optuna.Study, ctx: SearchContext, names: list[str]) -> in
                 continue
             seen.add(key)
             try:
-                pred, _, _ = strat.predict(plan, ctx.cost)
+                pred = strat.evaluate(plan, ctx.cost)
             except InfeasiblePlanError:
                 continue
             if not math.isfinite(pred.samples_per_s):

@@ -8,7 +8,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from hetsim.errors import InfeasiblePlanError
-from hetsim.model.simulator import Schedule, TaskGraph, run_steady
+from hetsim.model.simulator import (
+    BUSY_KINDS,
+    Schedule,
+    SteadyRun,
+    StepTiming,
+    TaskGraph,
+    run_steady,
+)
 from hetsim.types import MemoryBreakdown, Prediction
 
 if TYPE_CHECKING:  # torch and optuna stay out of the simulation path
@@ -119,11 +126,36 @@ class Strategy(ABC):
         if problem:
             raise InfeasiblePlanError(problem)
 
+    def step_timing(self, plan: Plan, cost: CostModel) -> StepTiming | None:
+        """The plan's step timing in closed form, equal to what `predict`'s event simulation gives
+        (relative 1e-9); None where only the event simulation can tell (the default)."""
+        return None
+
+    def evaluate(self, plan: Plan, cost: CostModel) -> Prediction:
+        """The plan's prediction, as `predict` gives it, by the closed form where the family has one:
+        what the search calls per trial (no task graph, no schedule to show)."""
+        self.validate(plan, cost)
+        timing = self.step_timing(plan, cost)
+        if timing is None:
+            g = self.graph(plan, cost)
+            steady = run_steady(g)
+            timing = self._timing_of(plan, cost, g, steady)
+        return self._prediction(plan, cost, timing)
+
     def predict(self, plan: Plan, cost: CostModel) -> tuple[Prediction, Schedule, TaskGraph]:
+        """The plan's prediction from the event simulation (the reference), with the first step's
+        schedule and task graph (what a timeline shows)."""
         self.validate(plan, cost)
         g = self.graph(plan, cost)
         steady = run_steady(g)
+        return self._prediction(plan, cost, self._timing_of(plan, cost, g, steady)), steady.step, g
+
+    def _timing_of(self, plan: Plan, cost: CostModel, g: TaskGraph, steady: SteadyRun) -> StepTiming:
         sched = steady.step
+        busy = tuple(sched.busy_s(g, f"dev{d}", BUSY_KINDS) for d in plan.devices)
+        return StepTiming(period_s=steady.period_s, busy_s=busy, breakdown_s=self.breakdown(plan, cost, g, sched))
+
+    def _prediction(self, plan: Plan, cost: CostModel, timing: StepTiming) -> Prediction:
         mem = self.memory(plan, cost)
         caps = tuple(cost.device(d).memory_bytes for d in plan.devices)
         violations = []
@@ -141,11 +173,11 @@ class Strategy(ABC):
         host_cap = cost.cluster.host_memory_bytes
         if host_need and host_cap and host_need > host_cap:
             violations.append(f"host memory: offload needs {host_need / 2**30:.1f} GiB > {host_cap / 2**30:.1f} GiB of RAM")
-        step = steady.period_s
+        step = timing.period_s
         gb = plan.global_batch
-        busy = [sched.busy_s(g, f"dev{d}", {"F", "B", "W", "opt", "recompute"}) for d in plan.devices]
+        busy = timing.busy_s
         bubble = 1.0 - (sum(busy) / (len(busy) * step)) if step > 0 and busy else 0.0
-        pred = Prediction(
+        return Prediction(
             step_time_s=step,
             samples_per_s=gb / step if step > 0 else 0.0,
             peak_mem_bytes=tuple(m.total_bytes for m in mem),
@@ -154,10 +186,9 @@ class Strategy(ABC):
             feasible=not violations,
             violations=tuple(violations),
             bubble_fraction=max(0.0, bubble),
-            breakdown_s=self.breakdown(plan, cost, g, sched),
+            breakdown_s=timing.breakdown_s,
             warnings=self.warnings(plan, cost),
         )
-        return pred, sched, g
 
     def warnings(self, plan: Plan, cost: CostModel) -> tuple[str, ...]:
         """Why a feasible plan may still train badly (shown beside its prediction)."""

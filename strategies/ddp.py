@@ -16,18 +16,17 @@ from typing import TYPE_CHECKING
 from hetsim.errors import InfeasiblePlanError
 from hetsim.hardware.cluster import interchangeable_groups
 from hetsim.model.memory import data_parallel_memory  # the memory model of ddp and zero
-from hetsim.model.simulator import TaskGraph
+from hetsim.model.simulator import StepTiming, TaskGraph
 from hetsim.types import MemoryBreakdown
 
 from . import register
 from ._common import apply_checkpointing, autocast, full_grads
+from ._dp_closed import buckets, data_parallel_timing, micro_sizes
 from .base import Plan, SearchContext, Strategy, WorkerContext, batchnorm_warning
 
 if TYPE_CHECKING:
     from hetsim.model.costmodel import CostModel
 
-BUCKET_CAP_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
-FIRST_BUCKET_BYTES = 1 * 2**20  # DDP's first (smallest) bucket
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,30 +40,6 @@ class DDPPlan(Plan):
     @property
     def global_batch(self) -> int:
         return sum(self.local_batch)
-
-
-def micro_sizes(local: int, accum: int) -> list[int]:
-    """`local` samples in `accum` parts as evenly as possible (the first ones take the remainder)."""
-    base, rem = divmod(local, accum)
-    return [base + (1 if j < rem else 0) for j in range(accum)]
-
-
-def buckets(cost: CostModel) -> list[tuple[int, int]]:
-    """DDP gradient buckets as (lowest block, bytes), in the order they become ready (last block first)."""
-    out: list[tuple[int, int]] = []
-    cap, size, low = FIRST_BUCKET_BYTES, 0, None
-    for k in reversed(range(cost.facts.n_blocks)):
-        pb = cost.param_bytes(k, k + 1)
-        if pb == 0:
-            continue
-        size += pb
-        low = k
-        if size >= cap:
-            out.append((low, size))
-            cap, size, low = BUCKET_CAP_BYTES, 0, None
-    if size:
-        out.append((low, size))  # type: ignore[arg-type]
-    return out
 
 
 def balance_batch(cost: CostModel, devices: tuple[int, ...], global_batch: int, accum: int,
@@ -294,6 +269,11 @@ class DDP(Strategy):
         micro = tuple(-(-b // plan.accum_steps) for b in plan.local_batch)
         msg = batchnorm_warning(cost, plan.devices, micro)
         return (msg,) if msg else ()
+
+    def step_timing(self, plan: DDPPlan, cost) -> StepTiming:
+        count = float(cost.param_count())
+        return data_parallel_timing(cost, plan.devices, plan.local_batch, plan.accum_steps, plan.precision,
+                                    plan.checkpoint_blocks, (count,) * len(plan.devices))
 
     def graph(self, plan: DDPPlan, cost) -> TaskGraph:
         count = cost.param_count()

@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING
 from hetsim.errors import InfeasiblePlanError
 from hetsim.execution.memtrack import measure_step
 from hetsim.model.memory import data_parallel_memory, fsdp_gather_bytes, zero1_owned_counts
-from hetsim.model.simulator import TaskGraph
+from hetsim.model.simulator import StepTiming, TaskGraph
 from hetsim.types import MemoryBreakdown
 
 from . import register
+from ._dp_closed import data_parallel_timing
 from .base import Plan, SearchContext, Strategy, WorkerContext, batchnorm_warning
 from .ddp import (
     DataParallelExecutor,
@@ -180,6 +181,16 @@ class ZeRO(Strategy):
                                  zero_stage=plan.zero_stage, offload=plan.offload, rank=r)
             for r, (d, mb) in enumerate(zip(plan.devices, plan.micro_batches()))
         )
+
+    def step_timing(self, plan: ZeROPlan, cost) -> StepTiming | None:
+        """ZeRO-1 in closed form (ddp's step, then the parameter broadcast); FSDP's per-block
+        collectives interleave with compute: the event simulation times them."""
+        if plan.zero_stage != 1:
+            return None
+        owned = zero1_owned_counts(cost, len(plan.devices))
+        return data_parallel_timing(cost, plan.devices, plan.local_batch, plan.accum_steps, plan.precision,
+                                    plan.checkpoint_blocks, tuple(float(c) for c in owned),
+                                    broadcast_bytes=cost.param_bytes())
 
     def graph(self, plan: ZeROPlan, cost) -> TaskGraph:
         if plan.zero_stage == 1:
