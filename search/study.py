@@ -17,6 +17,8 @@ from hetsim.errors import ConfigError, InfeasiblePlanError
 from hetsim.serial import from_dict, to_dict
 from hetsim.types import Measurement, Prediction
 
+from .persist import make_storage
+
 MEASURED_PREFIX = "measured:"
 
 
@@ -36,12 +38,15 @@ def open_study(name: str, storage: str | None, seed: int, resume: bool) -> optun
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the CLI says itself whether a study resumes
     sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=20, **kw)
     try:
-        return optuna.create_study(study_name=name, storage=storage, sampler=sampler, direction="maximize",
-                                   load_if_exists=True)
+        return optuna.create_study(study_name=name, storage=make_storage(storage), sampler=sampler,
+                                   direction="maximize", load_if_exists=True)
+    except ConfigError:
+        raise
     except Exception as e:  # sqlalchemy, sqlite and driver errors alike: a URL the user gave cannot be used
         why = re.sub(r"\s*\(Background on this error at: [^)]*\)", "", f"{type(e).__name__}: {e}").strip()
         raise ConfigError(f"--storage {storage!r} cannot be opened ({why}); use an Optuna storage URL that "
-                          "this machine can open, such as sqlite:///results/hetsim.db") from None
+                          "this machine can open, such as journal:results/hetsim.journal or "
+                          "sqlite:///results/hetsim.db") from None
 
 
 # Optuna 5 takes constraints from the trial (`Trial.set_constraint`); older ones from a sampler callback.
@@ -74,46 +79,80 @@ def searchable(ctx: SearchContext, names: list[str]) -> tuple[list[str], dict[st
 
 def make_objective(ctx: SearchContext, names: list[str]) -> Callable[[optuna.Trial], float]:
     names, _ = searchable(ctx, names)
+    return lambda trial: _objective(trial, ctx, names, {})
 
-    def objective(trial: optuna.Trial) -> float:
-        name = trial.suggest_categorical("strategy", names) if len(names) > 1 else names[0]
-        strat = strategies.get(name)
-        try:
-            plan = strat.space(trial, ctx)
-            pred = strat.evaluate(plan, ctx.cost)
-        except InfeasiblePlanError as e:
-            trial.set_user_attr("infeasible", str(e))
-            _set_constraint(trial, 1.0)
-            return 0.0
-        trial.set_user_attr("plan", to_dict(plan))
-        trial.set_user_attr("prediction", to_dict(pred))
-        _set_constraint(trial, memory_constraint(pred))
-        if not pred.feasible:
-            trial.set_user_attr("infeasible", "; ".join(pred.violations))
-        return pred.samples_per_s
 
-    return objective
+def _objective(trial, ctx: SearchContext, names: list[str], seen: dict) -> float:
+    """One trial: the family and its knobs from `trial`, then `score`."""
+    name = trial.suggest_categorical("strategy", names) if len(names) > 1 else names[0]
+    strat = strategies.get(name)
+    try:
+        plan = strat.space(trial, ctx)
+    except InfeasiblePlanError as e:
+        return infeasible(trial, e)
+    return score(trial, strat, plan, ctx, seen)
+
+
+def infeasible(trial, e: InfeasiblePlanError) -> float:
+    trial.set_user_attr("infeasible", str(e))
+    _set_constraint(trial, 1.0)
+    return 0.0
+
+
+def score(trial, strat, plan: Plan, ctx: SearchContext, seen: dict) -> float:
+    """The plan's prediction (from `seen` when the same plan was evaluated before), stored on the trial
+    with the plan; the trial's value is the predicted throughput."""
+    try:
+        pred = seen.get(plan)
+        if pred is None:
+            pred = seen[plan] = strat.evaluate(plan, ctx.cost)
+    except InfeasiblePlanError as e:
+        return infeasible(trial, e)
+    trial.set_user_attr("plan", to_dict(plan))
+    trial.set_user_attr("prediction", to_dict(pred))
+    _set_constraint(trial, memory_constraint(pred))
+    if not pred.feasible:
+        trial.set_user_attr("infeasible", "; ".join(pred.violations))
+    return pred.samples_per_s
 
 
 def run_search(study: optuna.Study, ctx: SearchContext, names: list[str], trials: int,
-               callbacks=(), stop: Callable[[], bool] = lambda: False) -> None:
+               callbacks=(), stop: Callable[[], bool] = lambda: False, *, sampler: str = "evolve",
+               jobs: int = 1, seed: int = 0) -> None:
+    """Fill `study` up to `trials` finished trials (the study's total: a resumed study runs only the
+    missing ones).  sampler "evolve": hetsim's own loop (`hetsim.search.sampler`), on an in-memory
+    copy whose trials are written to the study's storage in batches (`hetsim.search.persist`), by
+    `jobs` worker processes; "tpe": Optuna's seeded TPE trial by trial on `study` itself (what the
+    golden cases replay)."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if stop():  # Ctrl-C while profiling: keep what the study holds, run no trial
+        return
+    if sampler == "tpe":
+        _run_tpe(study, ctx, names, trials, callbacks, stop)
+        return
+    if sampler != "evolve":
+        raise ConfigError(f"sampler {sampler!r} is not one of ['evolve', 'tpe']")
+    from hetsim.search import loop  # it runs this module's objective
+
+    loop.run(study, ctx, names, trials, callbacks=callbacks, stop=stop, jobs=jobs, seed=seed)
+
+
+def _run_tpe(study: optuna.Study, ctx: SearchContext, names: list[str], trials: int, callbacks, stop) -> None:
     objective = make_objective(ctx, names)
-    done = 0
 
     def check_stop(st, tr):
         if stop():
             st.stop()
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    if stop():  # Ctrl-C while profiling: keep what the study holds, run no trial
-        return
     if not study.trials:
         seed_trials(study, ctx, names)
-    # `trials` is the study's total: a resumed study runs only the missing ones.
-    remaining = trials - len([t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE])
+    remaining = trials - complete_count(study)
     if remaining > 0:
         study.optimize(objective, n_trials=remaining, callbacks=[*callbacks, check_stop], catch=(), gc_after_trial=False)
-    del done
+
+
+def complete_count(study: optuna.Study) -> int:
+    return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
 
 
 def seed_trials(study: optuna.Study, ctx: SearchContext, names: list[str]) -> int:

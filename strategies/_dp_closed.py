@@ -16,6 +16,7 @@ local batch, accumulation, precision, checkpointing), so a plan costs O(devices 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import add
 from typing import TYPE_CHECKING
 
 from hetsim.model.simulator import StepTiming
@@ -99,33 +100,45 @@ def data_parallel_timing(cost: CostModel, devices: tuple[int, ...], local_batch:
     """The steady step of `data_parallel_graph` (then ZeRO-1's parameter broadcast of
     `broadcast_bytes` after every optimizer step, when given), as `run_steady` times it."""
     lows, ar, sync = cost.memo(("dp_comm", devices), lambda: _comm_plan(cost, devices))
-    steps = [cost.memo(("dp_device", d, b, accum, precision, ckpt),
-                       lambda d=d, b=b: _device_step(cost, d, b, accum, precision, ckpt, lows))
-             for d, b in zip(devices, local_batch)]
-    opts = [max(0.0, float(cost.opt_s(d, p))) for d, p in zip(devices, opt_params)]
+    table = cost.memo_table("dp_device")
+    steps = []
+    for d, b in zip(devices, local_batch):
+        key = (d, b, accum, precision, ckpt)
+        st = table.get(key)
+        if st is None:
+            st = table[key] = _device_step(cost, d, b, accum, precision, ckpt, lows)
+        steps.append(st)
+    opts = cost.memo(("dp_opt", devices, opt_params),
+                     lambda: [max(0.0, float(cost.opt_s(d, p))) for d, p in zip(devices, opt_params)])
     bcast = None if broadcast_bytes is None else max(0.0, float(cost.allgather_s(broadcast_bytes, devices)))
+    ready = list(zip(*[st.ready_s for st in steps]))  # per bucket: each device's time, from its start
+    compute = [st.compute_s for st in steps]
 
-    def one_step(starts: list[float], comm_free: float) -> tuple[list[float], float]:
-        t = comm_free
-        for b, dur in enumerate(ar):
-            ready = max(s + st.ready_s[b] for s, st in zip(starts, steps))
-            t = max(t, ready) + dur
-        if ar and sync:
-            t += sync
-        # Each optimizer step waits for its own compute and for every collective (none: no wait).
-        ends = [max(s + st.compute_s, t) + o if ar else s + st.compute_s + o for s, st, o in zip(starts, steps, opts)]
-        if bcast is not None:
-            t = max(t, max(ends)) + bcast
-        return ends, t
-
-    zeros = [0.0] * len(devices)
-    ends1, comm1 = one_step(zeros, 0.0)
+    # Step 1: every device starts at 0.
+    t = 0.0
+    for r, dur in zip(ready, ar):
+        t = max(t, max(r)) + dur
+    if ar and sync:
+        t += sync
+    # Each optimizer step waits for its own compute and for every collective (no collective: no wait).
+    ends1 = [max(c, t) + o for c, o in zip(compute, opts)] if ar else list(map(add, compute, opts))
+    if bcast is not None:
+        t = max(t, max(ends1)) + bcast
+    comm1 = t
     makespan1 = max(max(ends1), comm1)
-    # Step 2 starts where each resource left off; ZeRO-1's broadcast ends step 1 for every rank.
-    starts2 = [max(e, comm1) for e in ends1] if bcast is not None else ends1
-    ends2, comm2 = one_step(starts2, comm1)
-    period = max(0.0, max(max(ends2), comm2) - makespan1)
-    breakdown = {"F": sum(st.fwd_s for st in steps), "B": sum(st.bwd_s for st in steps)}
+    # Step 2: each resource goes on from where it left step 1; ZeRO-1's broadcast ends step 1 for every rank.
+    starts = [max(e, comm1) for e in ends1] if bcast is not None else ends1
+    for r, dur in zip(ready, ar):
+        t = max(t, max(map(add, starts, r))) + dur
+    if ar and sync:
+        t += sync
+    compute2 = list(map(add, starts, compute))
+    ends2 = [max(c, t) + o for c, o in zip(compute2, opts)] if ar else list(map(add, compute2, opts))
+    if bcast is not None:
+        t = max(t, max(ends2)) + bcast
+    period = max(0.0, max(max(ends2), t) - makespan1)
+
+    breakdown = {"F": sum([st.fwd_s for st in steps]), "B": sum([st.bwd_s for st in steps])}
     if ar:
         breakdown["allreduce"] = sum(ar)
         if sync:
@@ -133,5 +146,4 @@ def data_parallel_timing(cost: CostModel, devices: tuple[int, ...], local_batch:
     breakdown["opt"] = sum(opts)
     if bcast is not None:
         breakdown["allgather"] = bcast
-    busy = tuple(st.compute_s + o for st, o in zip(steps, opts))
-    return StepTiming(period_s=period, busy_s=busy, breakdown_s=breakdown)
+    return StepTiming(period_s=period, busy_s=tuple(map(add, compute, opts)), breakdown_s=breakdown)

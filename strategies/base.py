@@ -117,12 +117,14 @@ class Strategy(ABC):
     def validate(self, plan: Plan, cost: CostModel) -> None:
         """Raise InfeasiblePlanError with the value, the limit and what to do."""
         n = cost.n_devices
-        bad = [d for d in plan.devices if not 0 <= d < n]
-        if bad or not plan.devices:
+        devs = plan.devices
+        bad = [d for d in devs if not 0 <= d < n] if not devs or min(devs) < 0 or max(devs) >= n else []
+        if bad or not devs:
             raise InfeasiblePlanError(f"plan uses device(s) {bad or '[]'}; the cluster has devices 0..{n - 1}")
         if len(set(plan.devices)) != len(plan.devices):
             raise InfeasiblePlanError(f"plan lists a device twice: {list(plan.devices)}")
-        problem = cost.precision_problem(plan.devices, getattr(plan, "precision", "fp32"))
+        precision = getattr(plan, "precision", "fp32")
+        problem = cost.memo(("precision_problem", devs, precision), lambda: cost.precision_problem(devs, precision))
         if problem:
             raise InfeasiblePlanError(problem)
 
@@ -157,10 +159,11 @@ class Strategy(ABC):
 
     def _prediction(self, plan: Plan, cost: CostModel, timing: StepTiming) -> Prediction:
         mem = self.memory(plan, cost)
-        caps = tuple(cost.device(d).memory_bytes for d in plan.devices)
+        caps = cost.memo(("capacity_bytes", plan.devices), lambda: tuple(cost.device(d).memory_bytes for d in plan.devices))
+        peaks = tuple([m.total_bytes for m in mem])
         violations = []
         for i, (m, cap) in enumerate(zip(mem, caps)):
-            if m.total_bytes > cap:
+            if peaks[i] > cap:
                 d = cost.device(plan.devices[i])
                 violations.append(
                     f"device {plan.devices[i]} ({d.name}) needs {m.total_bytes / 2**20:.0f} MiB "
@@ -180,7 +183,7 @@ class Strategy(ABC):
         return Prediction(
             step_time_s=step,
             samples_per_s=gb / step if step > 0 else 0.0,
-            peak_mem_bytes=tuple(m.total_bytes for m in mem),
+            peak_mem_bytes=peaks,
             memory=mem,
             capacity_bytes=caps,
             feasible=not violations,

@@ -56,6 +56,7 @@ class CostModel:
         )
         self._scale = [self._device_scale(d) for d in cluster.devices]
         self._memo: dict[tuple, Any] = {}
+        self._tables: dict[str, dict] = {}
 
     def memo(self, key: tuple, compute: Callable[[], T]) -> T:
         """`compute()`, once per key: what is derived from this model never changes (cluster and
@@ -66,6 +67,15 @@ class CostModel:
         except KeyError:
             value = self._memo[key] = compute()
             return value
+
+    def memo_table(self, name: str) -> dict:
+        """A named dict for values derived from this model, for hot loops that look up many keys
+        per call (a plan's per-device step and memory): `table.get(key)` costs less than `memo`."""
+        try:
+            return self._tables[name]
+        except KeyError:
+            table = self._tables[name] = {}
+            return table
 
     # -------------------------------------------------------------- devices
 

@@ -250,9 +250,12 @@ def data_parallel_memory(cost: CostModel, dev: int, micro: int, precision: str, 
     """
     del dev
     # Only ZeRO-1's partition depends on the rank.
-    key = ("data_parallel_memory", micro, precision, ckpt, shards, zero_stage, offload, rank if zero_stage == 1 else 0)
-    return cost.memo(key, lambda: _data_parallel_memory(cost, micro, precision, ckpt, shards, zero_stage, offload,
-                                                        rank))
+    key = (micro, precision, ckpt, shards, zero_stage, offload, rank if zero_stage == 1 else 0)
+    table = cost.memo_table("data_parallel_memory")
+    found = table.get(key)
+    if found is None:
+        found = table[key] = _data_parallel_memory(cost, micro, precision, ckpt, shards, zero_stage, offload, rank)
+    return found
 
 
 def _data_parallel_memory(cost: CostModel, micro: int, precision: str, ckpt: int, shards: int, zero_stage: int,
