@@ -66,7 +66,7 @@ def _convert(tp: Any, value: Any) -> Any:
     return value
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _fields_of(cls: type) -> tuple[dict[str, Any], frozenset[str]]:
     """A dataclass's resolved field types and init field names (resolving annotations is slow, and a
     search reads back thousands of plans and predictions)."""

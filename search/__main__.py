@@ -61,7 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timed steps per real run (the median is reported; shared CPUs drift by ~10%%)")
     p.add_argument("--warmup", type=positive_int("--warmup"), default=3, help="untimed steps (at least 2: step 1 measures memory)")
     p.add_argument("--timeout", type=positive_float("--timeout"), default=300.0, help="seconds per real run")
-    p.add_argument("--storage", default=None, help="Optuna storage URL (default: sqlite:///OUT/hetsim.db)")
+    p.add_argument("--storage", default=None,
+                   help="where the study is kept: journal:PATH (Optuna's journal file, several writers) or an "
+                        "Optuna storage URL such as sqlite:///PATH.db (default: journal:OUT/hetsim.journal)")
+    p.add_argument("--jobs", type=positive_int("--jobs"), default=1,
+                   help="search worker processes on the one study (a journal storage: SQLite breaks under "
+                        "parallel writers)")
     p.add_argument("--study", default=None, help="study name (also the report folder's name); an existing "
                                                  "study resumes, keeping its trials and real-run measurements")
     p.add_argument("--out", default="results", help="output folder (profiles, studies, reports)")
@@ -178,12 +183,15 @@ def resolve(args, console):
     notes: list[str] = []
     if cluster.emulated:
         precisions = tuple(p for p in precisions if p != "fp16") or ("fp32",)  # fp16 autocast is CUDA-only
-    storage = args.storage or f"sqlite:///{(out / 'hetsim.db').resolve()}"
+    storage = args.storage or f"journal:{(out / 'hetsim.journal').resolve()}"
+    if args.jobs > 1 and not (storage.startswith("journal:") or storage.endswith(".journal")):
+        raise ConfigError(f"--jobs {args.jobs} with --storage {storage!r}: several search workers need a journal "
+                          "storage (SQLite breaks under parallel writers); use --storage journal:PATH or --jobs 1")
     study = args.study or default_study_name(wl.spec, cluster.spec, args.global_batch, names)
     launch = Launch(nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint)
     return Options(model=model, cluster=cluster, workload=wl, global_batch=args.global_batch, strategies=names,
                    trials=args.trials, top_k=args.top_k, steps=args.steps, warmup=args.warmup,
-                   timeout_s=args.timeout, storage=storage, study=study, out=out, execute=not args.no_execute,
+                   timeout_s=args.timeout, storage=storage, jobs=args.jobs, study=study, out=out, execute=not args.no_execute,
                    seed=args.seed, reprofile=args.reprofile, precisions=precisions,
                    min_local_batch=args.min_local_batch, checkpointing=not args.no_checkpointing, launch=launch,
                    notes=tuple(notes), fault=fault)

@@ -49,6 +49,7 @@ class Options:
     timeout_s: float
     storage: str | None
     study: str
+    jobs: int = 1
     out: Path
     execute: bool
     seed: int
@@ -122,7 +123,7 @@ def _run(opts: Options, console: Console, stop: StopFlag) -> int:
                   transient=True) as prog:
         task = prog.add_task("trials", total=opts.trials, completed=min(before, opts.trials))
         run_search(study, ctx, list(opts.strategies), opts.trials,
-                   callbacks=[lambda s, t: prog.advance(task)], stop=stop)
+                   callbacks=[lambda s, t: prog.advance(task)], stop=stop, jobs=opts.jobs, seed=opts.seed)
     cands = feasible_candidates(study)
     console.print(f"{len(study.trials)} trials, {len(cands)} distinct feasible plans")
     top = cands[: opts.top_k]

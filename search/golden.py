@@ -260,7 +260,7 @@ def compute(case: Case, root: Path = RESULTS, families: Sequence[str] | None = N
                 rows.append({"label": strat.label(plan), "plan": _plain(plan), "invalid": str(e)})
         fixed[name] = rows
     study = open_study(f"golden-{case.name}", None, case.seed, resume=False)
-    run_search(study, ctx, names, case.trials)
+    run_search(study, ctx, names, case.trials, sampler="tpe")
     cands = feasible_candidates(study)
     best = None
     if cands:

@@ -42,6 +42,8 @@ def make_storage(spec: str | None):
         if not path.parent.is_dir():
             raise ConfigError(f"--storage {spec!r}: folder {str(path.parent)!r} does not exist; create it or use "
                               "another path (journal:PATH/hetsim.journal)")
+        if path.exists():
+            _locked_cut(str(path))  # a writer killed mid-line: Optuna's own next append would glue onto it
         storage = JournalStorage(JournalFileBackend(str(path)))
         _journal_paths[storage] = str(path)
         return storage
@@ -92,6 +94,17 @@ class _BatchedJournal(BaseJournalBackend):
         finally:
             self._lock.release()
         self._pending = []
+
+
+def _locked_cut(path: str) -> None:
+    lock = JournalFileSymlinkLock(path)
+    while not lock.acquire():
+        time.sleep(0.001)
+    try:
+        with open(path, "r+b") as f:
+            _cut_torn_tail(f)
+    finally:
+        lock.release()
 
 
 def _cut_torn_tail(f) -> None:
