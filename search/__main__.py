@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="HOST:PORT; default: a one-node rendezvous that listens on 127.0.0.1 only")
     # For tests: inject a fault into the first real run, e.g. nan:1:2 (kind:rank:step).
     p.add_argument("--inject-fault", default=None, help=argparse.SUPPRESS)
+    # For tests: seconds each trial waits, so that a test can kill a search half-way.
+    p.add_argument("--trial-delay", type=float, default=0.0, help=argparse.SUPPRESS)
     return p
 
 
@@ -194,7 +196,7 @@ def resolve(args, console):
                    timeout_s=args.timeout, storage=storage, jobs=args.jobs, study=study, out=out, execute=not args.no_execute,
                    seed=args.seed, reprofile=args.reprofile, precisions=precisions,
                    min_local_batch=args.min_local_batch, checkpointing=not args.no_checkpointing, launch=launch,
-                   notes=tuple(notes), fault=fault)
+                   notes=tuple(notes), fault=fault, trial_delay_s=args.trial_delay)
 
 
 FAULT_KINDS = ("oom", "kill", "hang", "nan", "raise")

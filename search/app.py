@@ -61,6 +61,8 @@ class Options:
     notes: tuple[str, ...] = ()
     fault: Fault | None = None
     """For tests: a fault injected into the first real run (hidden --inject-fault)."""
+    trial_delay_s: float = 0.0
+    """For tests: a wait after each trial, so a kill can land half-way through a search (hidden --trial-delay)."""
 
 
 class StopFlag:
@@ -123,7 +125,8 @@ def _run(opts: Options, console: Console, stop: StopFlag) -> int:
                   transient=True) as prog:
         task = prog.add_task("trials", total=opts.trials, completed=min(before, opts.trials))
         run_search(study, ctx, list(opts.strategies), opts.trials,
-                   callbacks=[lambda s, t: prog.advance(task)], stop=stop, jobs=opts.jobs, seed=opts.seed)
+                   callbacks=[lambda s, t: prog.advance(task)], stop=stop, jobs=opts.jobs, seed=opts.seed,
+                   trial_delay_s=opts.trial_delay_s)
     cands = feasible_candidates(study)
     console.print(f"{len(study.trials)} trials, {len(cands)} distinct feasible plans")
     top = cands[: opts.top_k]

@@ -13,6 +13,7 @@ import math
 import multiprocessing
 import os
 import signal
+import time
 from collections.abc import Callable
 
 import optuna
@@ -29,7 +30,7 @@ COMPLETE = (optuna.trial.TrialState.COMPLETE,)
 
 
 def run(study: optuna.Study, ctx: SearchContext, names: list[str], trials: int, *, callbacks=(),
-        stop: Callable[[], bool] = lambda: False, jobs: int = 1, seed: int = 0) -> None:
+        stop: Callable[[], bool] = lambda: False, jobs: int = 1, seed: int = 0, trial_delay_s: float = 0.0) -> None:
     if jobs > 1 and not journal_path(study):
         raise ConfigError(f"--jobs {jobs} needs a journal storage, which several processes can write (the "
                           "default, or --storage journal:PATH); SQLite breaks under parallel writers: use --jobs 1")
@@ -45,7 +46,9 @@ def run(study: optuna.Study, ctx: SearchContext, names: list[str], trials: int, 
     if remaining <= 0:
         return
     shares = [remaining // jobs + (1 if k < remaining % jobs else 0) for k in range(jobs)]
-    children = [_fork(study, work, ctx, names, shares[k], seed + k) for k in range(1, jobs) if shares[k]]
+    delay = [lambda s, t: time.sleep(trial_delay_s)] if trial_delay_s > 0 else []  # tests: a kill lands mid-search
+    callbacks = [*callbacks, *delay]
+    children = [_fork(study, work, ctx, names, shares[k], seed + k, delay) for k in range(1, jobs) if shares[k]]
     try:
         evolve(work, ctx, names, shares[0], seed=seed, stop=stop, callbacks=callbacks, writer=writer)
     finally:
@@ -69,7 +72,7 @@ def _seeds(work: optuna.Study, ctx: SearchContext, names: list[str]) -> list[opt
     return work.get_trials(deepcopy=False, states=COMPLETE)
 
 
-def _fork(study, work, ctx, names, n: int, seed: int):
+def _fork(study, work, ctx, names, n: int, seed: int, callbacks):
     """A worker process with its own loop and writer on the same storage (fork: it inherits the
     cost model and the working copy, seeds included, already written by the parent)."""
     parent = os.getpid()
@@ -78,7 +81,8 @@ def _fork(study, work, ctx, names, n: int, seed: int):
         signal.signal(signal.SIGINT, lambda *_: flag.append(1))
         writer = TrialWriter(study)
         try:
-            evolve(work, ctx, names, n, seed=seed, stop=lambda: bool(flag) or os.getppid() != parent, writer=writer)
+            evolve(work, ctx, names, n, seed=seed, stop=lambda: bool(flag) or os.getppid() != parent, writer=writer,
+                   callbacks=callbacks)
         finally:
             writer.flush()
 

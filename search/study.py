@@ -118,7 +118,7 @@ def score(trial, strat, plan: Plan, ctx: SearchContext, seen: dict) -> float:
 
 def run_search(study: optuna.Study, ctx: SearchContext, names: list[str], trials: int,
                callbacks=(), stop: Callable[[], bool] = lambda: False, *, sampler: str = "evolve",
-               jobs: int = 1, seed: int = 0) -> None:
+               jobs: int = 1, seed: int = 0, trial_delay_s: float = 0.0) -> None:
     """Fill `study` up to `trials` finished trials (the study's total: a resumed study runs only the
     missing ones).  sampler "evolve": hetsim's own loop (`hetsim.search.sampler`), on an in-memory
     copy whose trials are written to the study's storage in batches (`hetsim.search.persist`), by
@@ -134,7 +134,8 @@ def run_search(study: optuna.Study, ctx: SearchContext, names: list[str], trials
         raise ConfigError(f"sampler {sampler!r} is not one of ['evolve', 'tpe']")
     from hetsim.search import loop  # it runs this module's objective
 
-    loop.run(study, ctx, names, trials, callbacks=callbacks, stop=stop, jobs=jobs, seed=seed)
+    loop.run(study, ctx, names, trials, callbacks=callbacks, stop=stop, jobs=jobs, seed=seed,
+             trial_delay_s=trial_delay_s)
 
 
 def _run_tpe(study: optuna.Study, ctx: SearchContext, names: list[str], trials: int, callbacks, stop) -> None:
