@@ -68,7 +68,7 @@ def _working_copy(study: optuna.Study) -> optuna.Study:
 
 
 def _seeds(work: optuna.Study, ctx: SearchContext, names: list[str]) -> list[optuna.trial.FrozenTrial]:
-    seed_trials(work, ctx, names)
+    seed_trials(work, ctx, names, exact=False)
     return work.get_trials(deepcopy=False, states=COMPLETE)
 
 

@@ -168,7 +168,7 @@ def complete_count(study: optuna.Study) -> int:
     return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
 
 
-def seed_trials(study: optuna.Study, ctx: SearchContext, names: list[str]) -> int:
+def seed_trials(study: optuna.Study, ctx: SearchContext, names: list[str], *, exact: bool = True) -> int:
     """Start a fresh study with every family's own plans (its baseline and `examples`), predicted and
     stored as completed trials, as one enqueues known configurations: the sampler starts from plans a
     person would try, and no family is lost to a search that gave it few trials (seen: a 100-trial
@@ -189,7 +189,8 @@ def seed_trials(study: optuna.Study, ctx: SearchContext, names: list[str]) -> in
                 continue
             seen.add(key)
             try:
-                pred = strat.predict(plan, ctx.cost)[0]  # the seeds of a TPE study as they always were
+                # exact: the event simulation, as a TPE study's seeds always were; else the closed form
+                pred = strat.predict(plan, ctx.cost)[0] if exact else strat.evaluate(plan, ctx.cost)
             except InfeasiblePlanError:
                 continue
             if not math.isfinite(pred.samples_per_s):
