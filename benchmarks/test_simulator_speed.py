@@ -3,8 +3,8 @@
 Data-parallel and pipeline plans, on the default emulated cluster (2 devices) and on a catalog
 cluster of 8 devices.  `event`: Strategy.predict (task graph, event loop, memory) of the family's
 example with the most tasks.  `search`: Strategy.evaluate (the closed form where the family has one,
-else the same event simulation) over 200 distinct plans drawn from the family's search space, in
-turn, as a search meets them (per-device step times and memory are memoized, whole plans are not).
+else the same event simulation) over up to 200 distinct plans on every device of the cluster, drawn
+from the family's search space, in turn, as a search meets them (per-device step times and memory are memoized, whole plans are not).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _distinct_plans(strat, ctx, n: int) -> list:
     from hetsim.errors import InfeasiblePlanError
 
     rng, plans, dists = random.Random(0), {}, {}
-    for _ in range(50 * n):
+    for _ in range(100 * n):
         if len(plans) >= n:
             break
         try:
@@ -52,7 +52,8 @@ def _distinct_plans(strat, ctx, n: int) -> list:
             strat.validate(plan, ctx.cost)
         except InfeasiblePlanError:
             continue
-        plans.setdefault(plan, None)
+        if len(plan.devices) == ctx.cost.n_devices:  # plans on every device of the cluster
+            plans.setdefault(plan, None)
     return list(plans)
 
 

@@ -99,7 +99,11 @@ def data_parallel_timing(cost: CostModel, devices: tuple[int, ...], local_batch:
                          broadcast_bytes: float | None = None) -> StepTiming:
     """The steady step of `data_parallel_graph` (then ZeRO-1's parameter broadcast of
     `broadcast_bytes` after every optimizer step, when given), as `run_steady` times it."""
-    lows, ar, sync = cost.memo(("dp_comm", devices), lambda: _comm_plan(cost, devices))
+    comm = cost.memo_table("dp_comm")
+    found = comm.get(devices)
+    if found is None:
+        found = comm[devices] = _comm_plan(cost, devices)
+    lows, ar, sync = found
     table = cost.memo_table("dp_device")
     steps = []
     for d, b in zip(devices, local_batch):
@@ -108,8 +112,10 @@ def data_parallel_timing(cost: CostModel, devices: tuple[int, ...], local_batch:
         if st is None:
             st = table[key] = _device_step(cost, d, b, accum, precision, ckpt, lows)
         steps.append(st)
-    opts = cost.memo(("dp_opt", devices, opt_params),
-                     lambda: [max(0.0, float(cost.opt_s(d, p))) for d, p in zip(devices, opt_params)])
+    opt_table = cost.memo_table("dp_opt")
+    opts = opt_table.get((devices, opt_params))
+    if opts is None:
+        opts = opt_table[(devices, opt_params)] = [max(0.0, float(cost.opt_s(d, p))) for d, p in zip(devices, opt_params)]
     bcast = None if broadcast_bytes is None else max(0.0, float(cost.allgather_s(broadcast_bytes, devices)))
     ready = list(zip(*[st.ready_s for st in steps]))  # per bucket: each device's time, from its start
     compute = [st.compute_s for st in steps]

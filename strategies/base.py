@@ -239,6 +239,22 @@ class Strategy(ABC):
         return ([] if base is None else [base]) + list(self.examples(ctx))
 
 
+def memo_solve(cost: CostModel, key: tuple, solve: Callable[[], Plan]) -> Plan:
+    """`solve()` once per key, its InfeasiblePlanError too: a search meets the same outer choices
+    (the same ordered devices, schedule, micro-batches...) many times, and an exact inner solver
+    (a pipeline's stage boundaries) is deterministic in them."""
+    table = cost.memo_table("solve")
+    found = table.get(key)
+    if found is None:
+        try:
+            found = table[key] = solve()
+        except InfeasiblePlanError as e:
+            found = table[key] = e
+    if isinstance(found, InfeasiblePlanError):
+        raise InfeasiblePlanError(str(found))
+    return found
+
+
 def batchnorm_warning(cost: CostModel, devices: tuple[int, ...], micro_batches: tuple[int, ...]) -> str | None:
     """A warning when a BatchNorm model gets per-device micro-batches too small for its statistics."""
     if not cost.facts.has_batchnorm:

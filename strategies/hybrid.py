@@ -41,7 +41,7 @@ from ._pipeline_sched import (
     rank_stages,
     stage_rank,
 )
-from .base import Plan, SearchContext, Strategy, WorkerContext
+from .base import Plan, SearchContext, Strategy, WorkerContext, memo_solve
 from .ddp import choose_common
 from .pipeline import (
     check_common,
@@ -183,9 +183,10 @@ class Hybrid(Strategy):
         v = choose_stages_per_rank(trial, schedule, P, ctx.cost.facts.n_blocks)
         m = choose_microbatches(trial, ctx, schedule, P, v, replicas=R)
         precision, ckpt = choose_common(trial, ctx, devices)
-        return self.solve(ctx.cost, devices, replicas=R, schedule=schedule, stages_per_rank=v, microbatches=m,
-                          global_batch=ctx.global_batch, precision=precision, checkpoint_blocks=ckpt,
-                          min_micro_size=min_micro(ctx))
+        key = ("hybrid", devices, R, schedule, v, m, ctx.global_batch, precision, ckpt, min_micro(ctx))
+        return memo_solve(ctx.cost, key, lambda: self.solve(
+            ctx.cost, devices, replicas=R, schedule=schedule, stages_per_rank=v, microbatches=m,
+            global_batch=ctx.global_batch, precision=precision, checkpoint_blocks=ckpt, min_micro_size=min_micro(ctx)))
 
     def solve(self, cost: CostModel, devices: tuple[int, ...], *, replicas: int, schedule: str,
               stages_per_rank: int = 1, microbatches: int, global_batch: int, precision: str = "fp32",

@@ -41,7 +41,7 @@ from ._pipeline_sched import (
     rank_stages,
     stage_rank,
 )
-from .base import Plan, SearchContext, Strategy, WorkerContext
+from .base import Plan, SearchContext, Strategy, WorkerContext, memo_solve
 from .ddp import choose_common
 
 if TYPE_CHECKING:
@@ -213,8 +213,9 @@ class Pipeline(Strategy):
         v = choose_stages_per_rank(trial, schedule, len(devices), ctx.cost.facts.n_blocks)
         m = choose_microbatches(trial, ctx, schedule, len(devices), v)
         precision, ckpt = choose_common(trial, ctx, devices)
-        return self.solve(ctx.cost, devices, schedule=schedule, stages_per_rank=v, microbatches=m,
-                          batch=ctx.global_batch, precision=precision, checkpoint_blocks=ckpt)
+        return memo_solve(ctx.cost, ("pipeline", devices, schedule, v, m, ctx.global_batch, precision, ckpt),
+                          lambda: self.solve(ctx.cost, devices, schedule=schedule, stages_per_rank=v, microbatches=m,
+                                             batch=ctx.global_batch, precision=precision, checkpoint_blocks=ckpt))
 
     def solve(self, cost: CostModel, devices: tuple[int, ...], *, schedule: str, stages_per_rank: int = 1,
               microbatches: int, batch: int, precision: str = "fp32", checkpoint_blocks: int = 0) -> PipelinePlan:

@@ -55,6 +55,7 @@ class CostModel:
             n_blocks=len(self.ref.blocks), has_batchnorm=has_batchnorm, batch_coupled=batch_coupled, optimizer=optimizer
         )
         self._scale = [self._device_scale(d) for d in cluster.devices]
+        self._param_total = sum(b.param_count for b in self.ref.blocks)
         self._memo: dict[tuple, Any] = {}
         self._tables: dict[str, dict] = {}
 
@@ -279,6 +280,8 @@ class CostModel:
     # -------------------------------------------------------------- memory
 
     def param_count(self, lo: int = 0, hi: int | None = None) -> int:
+        if lo == 0 and hi is None:  # the whole model: asked for by every data-parallel plan
+            return self._param_total
         return sum(b.param_count for b in self.ref.blocks[lo:hi])
 
     def param_bytes(self, lo: int = 0, hi: int | None = None) -> int:
