@@ -16,8 +16,10 @@ from hetsim.errors import InfeasiblePlanError, ProfileMismatchError
 from hetsim.execution.runner import commbench, measure
 from hetsim.hardware.cluster import Cluster
 from hetsim.model.costmodel import CostModel
+from hetsim.model.roofline import catalog_profile
 from hetsim.profiling.hostspeed import profile_ref
 from hetsim.profiling.measure import device_fingerprint, profile_device, profile_model
+from hetsim.profiling.shapes import trace
 from hetsim.profiling.store import (
     CommProfile,
     DeviceProfile,
@@ -94,11 +96,10 @@ def obtain_profiles(cluster: Cluster, workload, *, root: Path, global_batch: int
 
     torch.set_num_threads(1)  # each worker process computes with one thread
     measured_kinds = [k for k in cluster.kinds if any(d.kind == k and d.backend != "catalog" for d in cluster.devices)]
-    if not measured_kinds:
-        measured_kinds = ["emu-cpu"]  # catalog clusters scale from this machine's CPU profile
     models: dict[str, ModelProfile] = {}
     devices: dict[str, DeviceProfile] = {}
     sizes = micro_batch_sizes(global_batch, len(cluster.devices))
+    models.update(catalog_profiles(cluster, workload, sizes, precisions, say))
     for kind in measured_kinds:
         dev_obj = next((d for d in cluster.devices if d.kind == kind), None)
         device = torch.device("cuda", dev_obj.index) if dev_obj is not None and dev_obj.backend == "cuda" else torch.device("cpu")
@@ -133,6 +134,26 @@ def obtain_profiles(cluster: Cluster, workload, *, root: Path, global_batch: int
         profiles = calibrate_sharded(cluster, workload, profiles, root, say)
         profiles = calibrate_pipeline(cluster, workload, profiles, root, say, global_batch)
     return profiles
+
+
+def catalog_profiles(cluster: Cluster, workload, sizes: tuple[int, ...], precisions: tuple[str, ...],
+                     say: Say) -> dict[str, ModelProfile]:
+    """Roofline profiles of the cluster's catalog GPUs from the model's traced shapes (meta device):
+    nothing is timed on this machine, at any precision or input size (hetsim.model.roofline)."""
+    import time
+
+    kinds = {d.kind: d for d in cluster.devices if d.backend == "catalog"}
+    if not kinds:
+        return {}
+    t0 = time.perf_counter()
+    shapes = trace(workload)
+    out = {}
+    for kind, dev in kinds.items():
+        fp = {"kind": kind, "model": workload.spec, "roofline": "1"}
+        out[kind] = catalog_profile(shapes, dev, precisions, sizes, fp)
+    say(f"catalog GPUs ({', '.join(kinds)}): roofline from the traced shapes of {workload.spec} "
+        f"in {time.perf_counter() - t0:.1f} s, nothing timed on this machine")
+    return out
 
 
 def calibrate_sync(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say) -> ProfileSet:

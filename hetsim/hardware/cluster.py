@@ -58,6 +58,8 @@ class Device:
     nvlink: bool = False
     catalog_key: str = ""
     peak_fp32_flops: float = 0.0
+    peak_tf32_flops: float = 0.0
+    """Dense TF32 tensor-core rate (0: none before Ampere)."""
     peak_bf16_flops: float = 0.0
     peak_fp16_flops: float = 0.0
     mem_bw_bps: float = 0.0
@@ -261,6 +263,7 @@ class CatalogEntry:
     mem_gib: float
     mem_bw_gbs: float
     fp32_tflops: float
+    tf32_tflops: float
     fp16_tensor_tflops: float
     bf16_tflops: float
     host_link: str
@@ -280,6 +283,7 @@ def load_catalog() -> dict[str, CatalogEntry]:
             mem_gib=float(row["mem_gib"]),
             mem_bw_gbs=float(row["mem_bw_gbs"]),
             fp32_tflops=float(row["fp32_tflops"]),
+            tf32_tflops=float(row.get("tf32_tflops") or 0.0),
             fp16_tensor_tflops=float(row["fp16_tensor_tflops"]),
             bf16_tflops=float(row["bf16_tflops"]),
             host_link=row["host_link"],
@@ -303,6 +307,7 @@ def catalog_device(entry: CatalogEntry, index: int) -> Device:
         nvlink=entry.nvlink_gbs_bidir > 0,
         catalog_key=entry.key,
         peak_fp32_flops=entry.fp32_tflops * 1e12,
+        peak_tf32_flops=entry.tf32_tflops * 1e12,
         peak_bf16_flops=entry.bf16_tflops * 1e12,
         peak_fp16_flops=(entry.fp16_tensor_tflops or entry.fp32_tflops) * 1e12,
         mem_bw_bps=entry.mem_bw_gbs * 1e9,

@@ -99,6 +99,8 @@ class CostModel:
         prof = self._scale[dev][0]
         if precision == "fp32":
             return "fp32", 1.0
+        if d.backend == "catalog" and prof.device_kind == d.kind and precision in prof.blocks[0].timing:
+            return precision, 1.0  # the catalog GPU's own roofline profile (hetsim.model.roofline)
         if d.backend == "catalog":
             peak = d.peak_bf16_flops if precision == "bf16" else d.peak_fp16_flops
             return "fp32", d.peak_fp32_flops / peak if peak > d.peak_fp32_flops else 1.0

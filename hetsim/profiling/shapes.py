@@ -11,13 +11,14 @@ operator's cost is known at any micro-batch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
+from hetsim.model.roofline import BlockShapes, ModelShapes, OpCost
 from hetsim.workloads.builtin import Workload
 
 aten = torch.ops.aten
@@ -29,49 +30,6 @@ FREE_OPS = frozenset({aten.detach, aten.alias, aten.lift_fresh, aten.empty, aten
                       aten.scalar_tensor, aten._local_scalar_dense, aten.clone})
 """Operators that move no data worth counting (allocations, aliases); clone is counted as a copy below."""
 TRACE_BATCHES = (2, 4)
-
-
-@dataclass(frozen=True, slots=True)
-class OpCost:
-    """One operator of one pass: `kind` is 'conv', 'matmul', 'attn' (math units) or 'mem' (bandwidth).
-    FLOPs scale with the micro-batch; bytes are a fixed part (weights) plus a per-sample part."""
-
-    kind: str
-    flops_per_sample: float
-    bytes_fixed: float
-    bytes_per_sample: float
-
-    def flops(self, mb: float) -> float:
-        return self.flops_per_sample * mb
-
-    def bytes(self, mb: float) -> float:
-        return self.bytes_fixed + self.bytes_per_sample * mb
-
-
-@dataclass(frozen=True, slots=True)
-class BlockShapes:
-    """A block's operators per pass, its parameters and what it keeps for backward."""
-
-    name: str
-    fwd: tuple[OpCost, ...]
-    bwd: tuple[OpCost, ...]
-    param_count: int
-    param_bytes: int
-    buffer_bytes: int
-    param_numels: tuple[int, ...]
-    saved_bytes_per_sample: float
-    saved_bytes_fixed: float
-    out_bytes_per_sample: int
-
-    def flops(self, mb: float) -> float:
-        return sum(o.flops(mb) for o in self.fwd + self.bwd)
-
-
-@dataclass(frozen=True, slots=True)
-class ModelShapes:
-    model: str
-    blocks: tuple[BlockShapes, ...]
-    input_bytes_per_sample: int
 
 
 def _kind(func) -> str:
@@ -112,6 +70,19 @@ class _Recorder(TorchDispatchMode):
         return out
 
 
+class _FusedAttention(TorchFunctionMode):
+    """`F.scaled_dot_product_attention` as the fused kernel a GPU runs (memory-efficient attention:
+    no materialised score matrix), not the math fallback the meta device would decompose it into."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention and kwargs.get("attn_mask") is None and len(args) == 3:
+            q, k, v = args
+            return aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0,
+                                                                bool(kwargs.get("is_causal", False)))[0]
+        return func(*args, **kwargs)
+
+
 def _saved(fn):
     """Run fn, counting the distinct storages autograd saves (parameters included: the caller
     subtracts them).  Meta tensors have no address: a storage is known by its implementation."""
@@ -140,15 +111,25 @@ def _trace_at(model: torch.nn.Module, workload: Workload, batch: int):
     for _, blk in model.named_children():
         inp = h.detach().requires_grad_(h.is_floating_point())
         rec_f = _Recorder()
-        with rec_f:
+        with _FusedAttention(), rec_f:
             out, seen = _saved(lambda blk=blk, inp=inp: blk(inp))
         saved = sum(n for k, n in seen.items() if k not in param_storages)
         rec_b = _Recorder()
-        with rec_b:
+        with _FusedAttention(), rec_b:
             out.backward(torch.empty_like(out))
         rows.append((rec_f.ops, rec_b.ops, float(saved), _nbytes(out[:1]) if out.dim() else 4))
         h = out.detach()
-    return rows, _nbytes(x[:1])
+    return rows, _nbytes(x[:1]), _whole_saved(model, x)
+
+
+def _whole_saved(model: torch.nn.Module, x: torch.Tensor) -> float:
+    """Distinct bytes the whole model saves for backward (parameters excluded) on the meta device."""
+    h = torch.empty(x.shape, dtype=x.dtype, device="meta") if x.is_floating_point() else torch.zeros(
+        x.shape, dtype=x.dtype, device="meta")
+    params = {p.untyped_storage()._cdata for p in model.parameters()}
+    with _FusedAttention():
+        _, seen = _saved(lambda: model(h))
+    return float(sum(n for k, n in seen.items() if k not in params))
 
 
 def _combine(a: list, b: list, ba: int, bb: int) -> tuple[OpCost, ...]:
@@ -157,7 +138,7 @@ def _combine(a: list, b: list, ba: int, bb: int) -> tuple[OpCost, ...]:
         # The operator sequence changed with the batch: scale the larger trace per sample.
         return tuple(OpCost(k, f / bb, 0.0, m / bb) for k, f, m in b)
     out = []
-    for (k, fa, ma), (_, fb, mb_) in zip(a, b, strict=True):
+    for (k, _fa, ma), (_, fb, mb_) in zip(a, b, strict=True):
         per = max(0.0, (mb_ - ma) / (bb - ba))
         fixed = max(0.0, ma - per * ba)
         out.append(OpCost(k, fb / bb, fixed, per))
@@ -169,10 +150,10 @@ def trace(workload: Workload) -> ModelShapes:
     with torch.device("meta"):
         model = workload.model()
     ba, bb = TRACE_BATCHES
-    ra, input_bytes = _trace_at(model, workload, ba)
-    rb, _ = _trace_at(model, workload, bb)
+    ra, input_bytes, wa = _trace_at(model, workload, ba)
+    rb, _, wb = _trace_at(model, workload, bb)
     blocks = []
-    for (name, blk), (fa, ga, sa, oa), (fb, gb, sb, ob) in zip(model.named_children(), ra, rb, strict=True):
+    for (name, blk), (fa, ga, sa, _oa), (fb, gb, sb, ob) in zip(model.named_children(), ra, rb, strict=True):
         per = max(0.0, (sb - sa) / (bb - ba))
         blocks.append(BlockShapes(
             name=name, fwd=_combine(fa, fb, ba, bb), bwd=_combine(ga, gb, ba, bb),
@@ -182,4 +163,5 @@ def trace(workload: Workload) -> ModelShapes:
             param_numels=tuple(p.numel() for p in blk.parameters()),
             saved_bytes_per_sample=per, saved_bytes_fixed=max(0.0, sa - per * ba), out_bytes_per_sample=ob,
         ))
-    return ModelShapes(model=workload.spec, blocks=tuple(blocks), input_bytes_per_sample=input_bytes)
+    return ModelShapes(model=workload.spec, blocks=tuple(blocks), input_bytes_per_sample=input_bytes,
+                       whole_saved_per_sample=max(0.0, (wb - wa) / (bb - ba)))
