@@ -293,12 +293,32 @@ def load_catalog() -> dict[str, CatalogEntry]:
     return out
 
 
+MiB = 1024**2
+CUDA_CONTEXT_BYTES = {6: 300 * MiB, 7: 350 * MiB, 8: 450 * MiB, 9: 550 * MiB}
+"""Device memory a CUDA context takes before any tensor, by compute-capability major (lazy module
+loading, CUDA >= 11.7): 300-500 MiB on most GPUs, more on Hopper's larger kernel images."""
+LIBRARY_WORKSPACE_BYTES = 256 * MiB
+"""cuBLAS workspaces (a few MiB per handle, 32 MiB on Hopper) and cuDNN's convolution workspace,
+which PyTorch allocates through its caching allocator at the first convolutions."""
+ALLOCATOR_HEADROOM = 0.05
+"""Fraction of the tensor peak the caching allocator holds beyond it (block rounding and
+fragmentation): the H200 runs in results/gpu/h200 peaked within a few percent of the bytes the
+memory model predicts, and PyTorch rounds every block to 512 B / 2 MiB segments."""
+
+
+def catalog_capacity_bytes(entry: CatalogEntry) -> int:
+    """Bytes a catalog GPU offers tensors: its memory less the CUDA context and library workspaces,
+    then less the allocator's headroom (so a predicted tensor peak below it fits in practice)."""
+    ctx = CUDA_CONTEXT_BYTES.get(entry.compute_capability[0], max(CUDA_CONTEXT_BYTES.values()))
+    return int((entry.mem_gib * GiB - ctx - LIBRARY_WORKSPACE_BYTES) / (1 + ALLOCATOR_HEADROOM))
+
+
 def catalog_device(entry: CatalogEntry, index: int) -> Device:
     # 'about 15 GiB usable with ECC' style notes are respected through mem_gib as published.
     return Device(
         name=entry.name,
         kind=entry.key,
-        memory_bytes=int(entry.mem_gib * GiB),
+        memory_bytes=catalog_capacity_bytes(entry),
         backend="catalog",
         index=index,
         compute_capability=entry.compute_capability,
@@ -355,7 +375,9 @@ def catalog(spec: str) -> Cluster:
         devices=devs,
         links=_link_matrix(devs),
         host_memory_bytes=host_memory_bytes(),
-        notes=("catalog devices are scaled from public specifications: simulation only, uncalibrated",),
+        notes=("catalog devices are scaled from public specifications: simulation only, uncalibrated",
+               "catalog capacity for tensors = memory - CUDA context (300-550 MiB) - 256 MiB cuBLAS/cuDNN "
+               f"workspace, / {1 + ALLOCATOR_HEADROOM:g} for the caching allocator"),
     )
 
 
