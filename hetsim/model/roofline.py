@@ -77,17 +77,24 @@ class Efficiency:
     simt: float
     """Of the FP32 CUDA-core rate."""
     mem: float
-    """Of the DRAM bandwidth (STREAM-like kernels reach 80-90 %)."""
-    launch_s: float = 4e-6
-    """Least time per kernel: launch and eager dispatch (a few microseconds per aten operator)."""
+    """Of the DRAM bandwidth (STREAM-like kernels reach 80-90 %; multi-pass kernels such as BatchNorm's
+    read their input more than once, which this fraction absorbs)."""
+    low_bytes: float = 0.6
+    """Per-sample bytes under fp16/bf16 autocast as a fraction of fp32's: activations halve, but
+    normalisation statistics, softmax, the loss and master gradients stay fp32 and autocast adds casts."""
+    launch_s: float = 30e-6
+    """Least time per aten operator: eager PyTorch's dispatch (with autograd) on the host.  The H200
+    profile in results/gpu/h200 shows 31 us per forward and 42 us per backward operator as the
+    batch-independent part of resnet50's block times; hidden at large batches on any GPU."""
     opt_tensor_s: float = 30e-6
     """Per parameter tensor of the single-tensor (foreach=False) Adam/AdamW step: about ten kernels
     each (the H200 profile in results/gpu/h200 measured 0.25 ms + 0.41 ns/parameter for
     resnet50's 161 tensors, about 65 us a tensor with its Python; half of it on faster hosts)."""
 
 
-EFFICIENCY = Efficiency(tensor=0.45, simt=0.70, mem=0.75)
-"""Fitted on the published ResNet-50 rows (hetsim/data/published_throughput.csv); see README."""
+EFFICIENCY = Efficiency(tensor=0.4, simt=0.7, mem=0.55, low_bytes=0.6)
+"""Fitted (grid search, `python -m hetsim.reporting.whatif --fit`) on the published rows of six GPUs
+(`hetsim.reporting.whatif.FIT_GPUS`), validated on the other GPUs' rows; see README."""
 
 
 def math_rate(dev: Device, kind: str, precision: str, matmul_tf32: bool = False) -> tuple[float, str]:
@@ -104,12 +111,14 @@ def math_rate(dev: Device, kind: str, precision: str, matmul_tf32: bool = False)
 def op_time_s(op: OpCost, mb: float, dev: Device, precision: str, eff: Efficiency = EFFICIENCY,
               matmul_tf32: bool = False) -> float:
     low = precision != "fp32"
-    nbytes = op.bytes_fixed + op.bytes_per_sample * mb * (0.5 if low else 1.0)
+    nbytes = op.bytes_fixed + op.bytes_per_sample * mb * (eff.low_bytes if low else 1.0)
     t_mem = nbytes / (dev.mem_bw_bps * eff.mem)
     t_math = 0.0
     if op.kind != "mem" and op.flops_per_sample > 0:
         peak, unit = math_rate(dev, op.kind, precision, matmul_tf32)
         t_math = op.flops_per_sample * mb / (peak * (eff.tensor if unit == "tensor" else eff.simt))
+        if unit == "tensor" and precision == "fp32":  # cuDNN/cuBLAS pick the faster of TF32 and FP32 kernels
+            t_math = min(t_math, op.flops_per_sample * mb / (dev.peak_fp32_flops * eff.simt))
     return max(t_math, t_mem, eff.launch_s)
 
 

@@ -117,16 +117,58 @@ def order_violations(checked: list[Checked], tie: float = 0.05) -> list[str]:
     return out
 
 
-def fit(rows: list[Published], grid=(0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)) -> Efficiency:
-    """The (tensor, simt, mem) efficiencies on `grid` with the least median absolute error over rows."""
+GRID = (0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9)
+
+
+def _row_arrays(row: Published):
+    """Per operator of the row's step, at unit efficiency: (tensor-core seconds, CUDA-core seconds,
+    fixed-byte seconds, per-sample-byte seconds), and the optimizer step (what `throughput` adds)."""
+    import numpy as np
+
+    from hetsim.model.roofline import math_rate
+
+    shapes = model_shapes(row.model)
+    dev = catalog_device(load_catalog()[row.gpu], 0)
+    cols = []
+    for o in (o for b in shapes.blocks for o in b.fwd + b.bwd):
+        tens = simt = 0.0 if o.kind == "mem" or o.flops_per_sample <= 0 else float("inf")
+        if o.kind != "mem" and o.flops_per_sample > 0:
+            peak, unit = math_rate(dev, o.kind, row.precision, row.published_math == "tf32")
+            flops = o.flops_per_sample * row.batch
+            if unit == "tensor":
+                tens = flops / peak
+                simt = flops / dev.peak_fp32_flops if row.precision == "fp32" else float("inf")
+            else:
+                simt = flops / peak
+        cols.append((tens, simt, o.bytes_fixed / dev.mem_bw_bps, o.bytes_per_sample * row.batch / dev.mem_bw_bps))
+    opt = "fused" if row.optimizer == "fused_adam" else row.optimizer
+    return np.array(cols), (opt, shapes, dev)
+
+
+def fit(rows: list[Published], grid=GRID, lows=(0.5, 0.6, 0.7, 0.8)) -> Efficiency:
+    """The (tensor, simt, mem, low_bytes) efficiencies on the grid with the least median absolute error
+    over rows: the same sums as `hetsim.model.roofline.throughput`, vectorised per row."""
+    import itertools
+
+    import numpy as np
+
+    from hetsim.model.roofline import optimizer_fit
+
+    arrays = [_row_arrays(r) for r in rows]
+    pub = np.array([r.samples_per_s for r in rows])
     best = None
-    for t in grid:
-        for s in grid:
-            for m in grid:
-                eff = replace(EFFICIENCY, tensor=t, simt=s, mem=m)
-                err = median_abs_error(validate(rows, eff))
-                if best is None or err < best[0]:
-                    best = (err, eff)
+    for t, s, m, low in itertools.product(grid, grid, grid, lows):
+        eff = replace(EFFICIENCY, tensor=t, simt=s, mem=m, low_bytes=low)
+        pred = []
+        for r, (a, (opt, shapes, dev)) in zip(rows, arrays, strict=True):
+            tb = (a[:, 2] + a[:, 3] * (low if r.precision != "fp32" else 1.0)) / m
+            tm = np.minimum(a[:, 0] / t, a[:, 1] / s)
+            ia, sl = optimizer_fit(shapes, dev, opt, eff)
+            step = np.maximum(np.maximum(tm, tb), eff.launch_s).sum() + ia + sl * sum(b.param_count for b in shapes.blocks)
+            pred.append(r.batch / step)
+        err = float(np.median(np.abs(np.array(pred) / pub - 1)))
+        if best is None or err < best[0]:
+            best = (err, eff)
     return best[1]
 
 
