@@ -63,6 +63,8 @@ class Device:
     peak_bf16_flops: float = 0.0
     peak_fp16_flops: float = 0.0
     mem_bw_bps: float = 0.0
+    base_clock_ratio: float = 1.0
+    """Base over boost clock: the datasheet peaks are at boost; a power-limited GPU sustains less."""
 
     @property
     def supports_bf16(self) -> bool:
@@ -268,6 +270,8 @@ class CatalogEntry:
     bf16_tflops: float
     host_link: str
     nvlink_gbs_bidir: float
+    base_clock_mhz: float
+    boost_clock_mhz: float
     notes: str
 
 
@@ -288,6 +292,8 @@ def load_catalog() -> dict[str, CatalogEntry]:
             bf16_tflops=float(row["bf16_tflops"]),
             host_link=row["host_link"],
             nvlink_gbs_bidir=float(row["nvlink_gbs_bidir"]),
+            base_clock_mhz=float(row.get("base_clock_mhz") or 0.0),
+            boost_clock_mhz=float(row.get("boost_clock_mhz") or 0.0),
             notes=row["notes"],
         )
     return out
@@ -331,6 +337,7 @@ def catalog_device(entry: CatalogEntry, index: int) -> Device:
         peak_bf16_flops=entry.bf16_tflops * 1e12,
         peak_fp16_flops=(entry.fp16_tensor_tflops or entry.fp32_tflops) * 1e12,
         mem_bw_bps=entry.mem_bw_gbs * 1e9,
+        base_clock_ratio=entry.base_clock_mhz / entry.boost_clock_mhz if entry.boost_clock_mhz > 0 else 1.0,
     )
 
 

@@ -82,6 +82,9 @@ class Efficiency:
     low_bytes: float = 0.6
     """Per-sample bytes under fp16/bf16 autocast as a fraction of fp32's: activations halve, but
     normalisation statistics, softmax, the loss and master gradients stay fp32 and autocast adds casts."""
+    clock: float = 0.5
+    """Where between base and boost clock the math runs under sustained load: a GPU at its power limit
+    drops toward its base clock (the A10's 885 of 1695 MHz at 150 W), one that is not stays near boost."""
     launch_s: float = 30e-6
     """Least time per aten operator: eager PyTorch's dispatch (with autograd) on the host.  The H200
     profile in results/gpu/h200 shows 31 us per forward and 42 us per backward operator as the
@@ -92,7 +95,7 @@ class Efficiency:
     resnet50's 161 tensors, about 65 us a tensor with its Python; half of it on faster hosts)."""
 
 
-EFFICIENCY = Efficiency(tensor=0.4, simt=0.7, mem=0.55, low_bytes=0.6)
+EFFICIENCY = Efficiency(tensor=0.5, simt=0.65, mem=0.55, low_bytes=0.6, clock=0.5)
 """Fitted (grid search, `python -m hetsim.reporting.whatif --fit`) on the published rows of six GPUs
 (`hetsim.reporting.whatif.FIT_GPUS`), validated on the other GPUs' rows; see README."""
 
@@ -108,6 +111,11 @@ def math_rate(dev: Device, kind: str, precision: str, matmul_tf32: bool = False)
     return dev.peak_fp32_flops, "simt"
 
 
+def clock_factor(dev: Device, eff: Efficiency = EFFICIENCY) -> float:
+    """Sustained over boost clock: base + `eff.clock` x (boost - base), as a fraction of boost."""
+    return dev.base_clock_ratio + eff.clock * (1.0 - dev.base_clock_ratio)
+
+
 def op_time_s(op: OpCost, mb: float, dev: Device, precision: str, eff: Efficiency = EFFICIENCY,
               matmul_tf32: bool = False) -> float:
     low = precision != "fp32"
@@ -119,6 +127,7 @@ def op_time_s(op: OpCost, mb: float, dev: Device, precision: str, eff: Efficienc
         t_math = op.flops_per_sample * mb / (peak * (eff.tensor if unit == "tensor" else eff.simt))
         if unit == "tensor" and precision == "fp32":  # cuDNN/cuBLAS pick the faster of TF32 and FP32 kernels
             t_math = min(t_math, op.flops_per_sample * mb / (dev.peak_fp32_flops * eff.simt))
+        t_math /= clock_factor(dev, eff)
     return max(t_math, t_mem, eff.launch_s)
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from importlib import resources
 
 from hetsim.hardware.cluster import catalog_device, load_catalog
-from hetsim.model.roofline import EFFICIENCY, Efficiency, ModelShapes, throughput
+from hetsim.model.roofline import EFFICIENCY, Efficiency, ModelShapes, clock_factor, throughput
 
 FIT_GPUS = frozenset({"quadro_rtx_8000", "v100_sxm2_16gb", "rtx_3090", "a100_sxm_80gb", "rtx_4090", "h100_pcie"})
 """The GPUs whose published rows (both models, both precisions) fit `EFFICIENCY`; every other row
@@ -117,7 +117,7 @@ def order_violations(checked: list[Checked], tie: float = 0.05) -> list[str]:
     return out
 
 
-GRID = (0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9)
+GRID = (0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9)
 
 
 def _row_arrays(row: Published):
@@ -145,7 +145,7 @@ def _row_arrays(row: Published):
     return np.array(cols), (opt, shapes, dev)
 
 
-def fit(rows: list[Published], grid=GRID, lows=(0.5, 0.6, 0.7, 0.8)) -> Efficiency:
+def fit(rows: list[Published], grid=GRID, lows=(0.5, 0.6, 0.7, 0.8), clocks=(0.0, 0.25, 0.5, 0.75, 1.0)) -> Efficiency:
     """The (tensor, simt, mem, low_bytes) efficiencies on the grid with the least median absolute error
     over rows: the same sums as `hetsim.model.roofline.throughput`, vectorised per row."""
     import itertools
@@ -157,12 +157,12 @@ def fit(rows: list[Published], grid=GRID, lows=(0.5, 0.6, 0.7, 0.8)) -> Efficien
     arrays = [_row_arrays(r) for r in rows]
     pub = np.array([r.samples_per_s for r in rows])
     best = None
-    for t, s, m, low in itertools.product(grid, grid, grid, lows):
-        eff = replace(EFFICIENCY, tensor=t, simt=s, mem=m, low_bytes=low)
+    for t, s, m, low, clk in itertools.product(grid, grid, grid, lows, clocks):
+        eff = replace(EFFICIENCY, tensor=t, simt=s, mem=m, low_bytes=low, clock=clk)
         pred = []
         for r, (a, (opt, shapes, dev)) in zip(rows, arrays, strict=True):
             tb = (a[:, 2] + a[:, 3] * (low if r.precision != "fp32" else 1.0)) / m
-            tm = np.minimum(a[:, 0] / t, a[:, 1] / s)
+            tm = np.minimum(a[:, 0] / t, a[:, 1] / s) / clock_factor(dev, eff)
             ia, sl = optimizer_fit(shapes, dev, opt, eff)
             step = np.maximum(np.maximum(tm, tb), eff.launch_s).sum() + ia + sl * sum(b.param_count for b in shapes.blocks)
             pred.append(r.batch / step)
