@@ -2,8 +2,10 @@
 
 Calibrated devices use their own kind's measured block times, divided by the
 device's relative speed (1.0 for real GPUs).  Catalog devices have no
-measurement of their own: they are scaled from a measured reference kind by the
-ratio of sustained matmul throughput (roofline), and every report says so.
+measurement of their own: their profile comes from a per-operator roofline over
+the model's traced shapes (hetsim.model.roofline); a catalog device without one
+(profile sets recorded before it) is scaled from a measured reference kind by the
+ratio of sustained matmul throughput, and every report says so.
 """
 
 from __future__ import annotations
