@@ -100,6 +100,8 @@ def obtain_profiles(cluster: Cluster, workload, *, root: Path, global_batch: int
     devices: dict[str, DeviceProfile] = {}
     sizes = micro_batch_sizes(global_batch, len(cluster.devices))
     models.update(catalog_profiles(cluster, workload, sizes, precisions, say))
+    if not measured_kinds and not models:
+        measured_kinds = ["emu-cpu"]  # the model could not be traced: catalog GPUs scale this CPU's profile
     for kind in measured_kinds:
         dev_obj = next((d for d in cluster.devices if d.kind == kind), None)
         device = torch.device("cuda", dev_obj.index) if dev_obj is not None and dev_obj.backend == "cuda" else torch.device("cpu")
@@ -146,7 +148,12 @@ def catalog_profiles(cluster: Cluster, workload, sizes: tuple[int, ...], precisi
     if not kinds:
         return {}
     t0 = time.perf_counter()
-    shapes = trace(workload)
+    try:
+        shapes = trace(workload)
+    except Exception as e:  # a model the meta device cannot run (data-dependent shapes, .item())
+        say(f"{workload.spec} cannot be traced on the meta device ({type(e).__name__}: {e}); catalog GPUs "
+            f"are scaled from this machine's CPU profile instead (one FLOP ratio, less accurate)")
+        return {}
     out = {}
     for kind, dev in kinds.items():
         fp = {"kind": kind, "model": workload.spec, "roofline": "1"}
