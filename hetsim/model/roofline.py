@@ -20,7 +20,7 @@ Nothing here imports torch: it is the simulation side.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hetsim.hardware.cluster import Device
 
@@ -62,6 +62,8 @@ class ModelShapes:
     input_bytes_per_sample: int
     whole_saved_per_sample: float = 0.0
     """Distinct bytes the whole model saves for backward per sample (adjacent blocks share a tensor)."""
+    fingerprint: dict[str, str] = field(default_factory=dict)
+    """What the trace is valid for (model spec, torch version, tracer format) when kept on disk."""
 
     @property
     def param_tensors(self) -> int:

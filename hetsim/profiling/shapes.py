@@ -30,6 +30,12 @@ FREE_OPS = frozenset({aten.detach, aten.alias, aten.lift_fresh, aten.empty, aten
                       aten.scalar_tensor, aten._local_scalar_dense, aten.clone})
 """Operators that move no data worth counting (allocations, aliases); clone is counted as a copy below."""
 TRACE_BATCHES = (2, 4)
+FORMAT = "1"
+"""Bump when what a trace records changes meaning, so that kept traces are made again."""
+
+
+def shapes_fingerprint(spec: str) -> dict[str, str]:
+    return {"model": spec, "torch": torch.__version__.split("+")[0], "shapes_format": FORMAT}
 
 
 def _kind(func) -> str:
