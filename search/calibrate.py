@@ -100,8 +100,9 @@ def obtain_profiles(cluster: Cluster, workload, *, root: Path, global_batch: int
     models: dict[str, ModelProfile] = {}
     devices: dict[str, DeviceProfile] = {}
     sizes = micro_batch_sizes(global_batch, len(cluster.devices))
-    models.update(catalog_profiles(cluster, workload, sizes, precisions, say, root=root, reprofile=reprofile))
-    if not measured_kinds and not models:
+    # Measured kinds first: the cost model's reference profile (memory calibration) is the first one.
+    catalog = catalog_profiles(cluster, workload, sizes, precisions, say, root=root, reprofile=reprofile)
+    if not measured_kinds and not catalog:
         measured_kinds = ["emu-cpu"]  # the model could not be traced: catalog GPUs scale this CPU's profile
     for kind in measured_kinds:
         dev_obj = next((d for d in cluster.devices if d.kind == kind), None)
@@ -120,6 +121,7 @@ def obtain_profiles(cluster: Cluster, workload, *, root: Path, global_batch: int
 
         models[kind] = _load_or(base / f"model-{_safe(workload.spec)}.json", ModelProfile, mfp, measure_model,
                                 reprofile, say)
+    models.update(catalog)
     comm: dict[int, CommProfile] = {}
     n = len(cluster.devices)
     if cluster.links is None and n > 1:

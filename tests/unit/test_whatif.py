@@ -57,3 +57,41 @@ def test_low_precision_and_bigger_gpus_are_faster():
     t4, a100 = (catalog_device(table[k], 0) for k in ("t4", "a100_sxm_80gb"))
     assert throughput(shapes, a100, 128, "fp32") > 2 * throughput(shapes, t4, 128, "fp32")
     assert throughput(shapes, a100, 128, "fp16") > throughput(shapes, a100, 128, "fp32")
+
+
+def test_meta_trace_matches_a_real_cpu_step():
+    """The meta-device trace counts what a real forward on the CPU counts: FlopCounterMode's FLOPs
+    and the bytes autograd saves for backward, per block."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from hetsim.profiling.measure import _saved_bytes
+    from hetsim.profiling.shapes import trace
+    from hetsim.workloads.builtin import load_workload
+
+    wl = load_workload("resnet18", 64)
+    shapes = trace(wl)
+    model = wl.model()
+    x, _ = wl.make_batch(3, 0)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    h = x
+    for (_, blk), b in zip(model.named_children(), shapes.blocks, strict=True):
+        inp = h.detach().requires_grad_(True)
+        with FlopCounterMode(display=False) as fc:
+            out, saved = _saved_bytes(lambda blk=blk, inp=inp: blk(inp), params)
+        fwd_flops = sum(o.flops_per_sample for o in b.fwd) * 3
+        assert fwd_flops == pytest.approx(fc.get_total_flops(), rel=1e-6), b.name
+        assert b.saved_bytes_fixed + 3 * b.saved_bytes_per_sample == pytest.approx(saved, rel=0.02), b.name
+        h = out.detach()
+    assert isinstance(h, torch.Tensor)
+
+
+def test_catalog_capacity_leaves_room_for_the_cuda_process():
+    from hetsim.hardware.cluster import GiB, catalog_capacity_bytes
+
+    table = load_catalog()
+    for key in ("v100_sxm2_16gb", "a100_sxm_80gb", "h100_sxm"):
+        entry = table[key]
+        cap = catalog_capacity_bytes(entry)
+        held = entry.mem_gib * GiB - cap
+        assert 0.5 * GiB < held < 0.06 * entry.mem_gib * GiB + 1 * GiB, key
