@@ -84,9 +84,10 @@ class Efficiency:
     low_bytes: float = 0.6
     """Per-sample bytes under fp16/bf16 autocast as a fraction of fp32's: activations halve, but
     normalisation statistics, softmax, the loss and master gradients stay fp32 and autocast adds casts."""
-    clock: float = 0.5
-    """Where between base and boost clock the math runs under sustained load: a GPU at its power limit
-    drops toward its base clock (the A10's 885 of 1695 MHz at 150 W), one that is not stays near boost."""
+    clock: float = 0.0
+    """Where between base (0) and boost (1) clock the math runs under sustained load.  The base clock
+    is what a GPU guarantees at its power limit under heavy load (the A10's 885 of 1695 MHz at 150 W);
+    the fit puts sustained training there."""
     launch_s: float = 30e-6
     """Least time per aten operator: eager PyTorch's dispatch (with autograd) on the host.  The H200
     profile in results/gpu/h200 shows 31 us per forward and 42 us per backward operator as the
@@ -97,7 +98,7 @@ class Efficiency:
     resnet50's 161 tensors, about 65 us a tensor with its Python; half of it on faster hosts)."""
 
 
-EFFICIENCY = Efficiency(tensor=0.5, simt=0.65, mem=0.55, low_bytes=0.6, clock=0.5)
+EFFICIENCY = Efficiency(tensor=0.6, simt=0.8, mem=0.7, low_bytes=0.8, clock=0.0)
 """Fitted (grid search, `python -m hetsim.reporting.whatif --fit`) on the published rows of six GPUs
 (`hetsim.reporting.whatif.FIT_GPUS`), validated on the other GPUs' rows; see README."""
 

@@ -38,8 +38,9 @@ def test_held_out_gpus_within_20_percent(checked):
 
 def test_gpu_order_follows_the_published_order(checked):
     lambda_rows = [c for c in checked if c.row.source == "L23"]
+    # Published figures within 15 % of each other count as ties (several sources disagree by more).
     bad = whatif.order_violations(lambda_rows, tie=0.15)
-    assert len(bad) <= 3, bad
+    assert len(bad) <= 1, bad
 
 
 def test_default_math_follows_pytorch_defaults():
