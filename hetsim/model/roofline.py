@@ -9,11 +9,12 @@ Each aten operator of a block's forward or backward (hetsim.profiling.shapes) ta
   attention stay on FP32 CUDA cores (`torch.backends.cuda.matmul.allow_tf32` defaults to False);
   under fp16/bf16 autocast both run on FP16/BF16 tensor cores (cc >= 7.0; bf16 from 8.0) with
   FP32 accumulation (the datasheet rate a GeForce card halves); everything else (normalisation,
-  activations, adds, casts, gradient accumulation) is bandwidth-bound.  Low precision halves the
-  per-sample bytes (activations); weights are read at fp32 and cast.
-- **Efficiencies** are three constants, `EFFICIENCY`, fitted on published ResNet-50 rows only and
-  validated on BERT-large rows (README, "What-if on GPUs you don't own"); `t_launch` is a floor per
-  kernel: eager PyTorch cannot issue kernels faster than its dispatcher.
+  activations, adds, casts, gradient accumulation) is bandwidth-bound.  Low precision moves a
+  fitted fraction of fp32's per-sample bytes; weights are read at fp32 and cast.  Math runs at a
+  sustained clock between the datasheet's base and boost clocks.
+- **Efficiencies** are five constants, `EFFICIENCY`, fitted on the published rows of six GPUs and
+  validated on the other GPUs' rows (README, "What-if on GPUs you don't own"); `t_launch` is a floor
+  per operator: eager PyTorch cannot issue kernels faster than its dispatcher.
 
 Nothing here imports torch: it is the simulation side.
 """
