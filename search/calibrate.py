@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from hetsim.strategies.base import SearchContext
@@ -12,12 +13,14 @@ from hetsim.strategies.ddp import DDP, DDPPlan
 from hetsim.strategies.pipeline import Pipeline
 from hetsim.strategies.zero import ZeRO
 
-from hetsim.errors import InfeasiblePlanError, ProfileMismatchError
+from hetsim.errors import InfeasiblePlanError, ProfileCorruptError, ProfileMismatchError
 from hetsim.execution.runner import commbench, measure
 from hetsim.hardware.cluster import Cluster
 from hetsim.model.costmodel import CostModel
+from hetsim.model.roofline import ModelShapes, catalog_profile
 from hetsim.profiling.hostspeed import profile_ref
 from hetsim.profiling.measure import device_fingerprint, profile_device, profile_model
+from hetsim.profiling.shapes import shapes_fingerprint, trace
 from hetsim.profiling.store import (
     CommProfile,
     DeviceProfile,
@@ -94,11 +97,13 @@ def obtain_profiles(cluster: Cluster, workload, *, root: Path, global_batch: int
 
     torch.set_num_threads(1)  # each worker process computes with one thread
     measured_kinds = [k for k in cluster.kinds if any(d.kind == k and d.backend != "catalog" for d in cluster.devices)]
-    if not measured_kinds:
-        measured_kinds = ["emu-cpu"]  # catalog clusters scale from this machine's CPU profile
     models: dict[str, ModelProfile] = {}
     devices: dict[str, DeviceProfile] = {}
     sizes = micro_batch_sizes(global_batch, len(cluster.devices))
+    # Measured kinds first: the cost model's reference profile (memory calibration) is the first one.
+    catalog = catalog_profiles(cluster, workload, sizes, precisions, say, root=root, reprofile=reprofile)
+    if not measured_kinds and not catalog:
+        measured_kinds = ["emu-cpu"]  # the model could not be traced: catalog GPUs scale this CPU's profile
     for kind in measured_kinds:
         dev_obj = next((d for d in cluster.devices if d.kind == kind), None)
         device = torch.device("cuda", dev_obj.index) if dev_obj is not None and dev_obj.backend == "cuda" else torch.device("cpu")
@@ -116,6 +121,7 @@ def obtain_profiles(cluster: Cluster, workload, *, root: Path, global_batch: int
 
         models[kind] = _load_or(base / f"model-{_safe(workload.spec)}.json", ModelProfile, mfp, measure_model,
                                 reprofile, say)
+    models.update(catalog)
     comm: dict[int, CommProfile] = {}
     n = len(cluster.devices)
     if cluster.links is None and n > 1:
@@ -133,6 +139,42 @@ def obtain_profiles(cluster: Cluster, workload, *, root: Path, global_batch: int
         profiles = calibrate_sharded(cluster, workload, profiles, root, say)
         profiles = calibrate_pipeline(cluster, workload, profiles, root, say, global_batch)
     return profiles
+
+
+def catalog_profiles(cluster: Cluster, workload, sizes: tuple[int, ...], precisions: tuple[str, ...],
+                     say: Say, root: Path | None = None, reprofile: bool = False) -> dict[str, ModelProfile]:
+    """Roofline profiles of the cluster's catalog GPUs from the model's traced shapes (meta device):
+    nothing is timed on this machine, at any precision or input size (hetsim.model.roofline).  With
+    `root`, the shapes are kept in ROOT/profiles/catalog/ and reused while torch's version matches."""
+    import time
+
+    kinds = {d.kind: d for d in cluster.devices if d.backend == "catalog"}
+    if not kinds:
+        return {}
+    t0 = time.perf_counter()
+
+    def traced() -> ModelShapes:
+        return replace(trace(workload), fingerprint=shapes_fingerprint(workload.spec))
+
+    try:
+        if root is None:
+            shapes = traced()
+        else:
+            path = root / "profiles" / "catalog" / f"shapes-{_safe(workload.spec)}.json"
+            shapes = _load_or(path, ModelShapes, shapes_fingerprint(workload.spec), traced, reprofile, lambda m: None)
+    except ProfileCorruptError:
+        raise
+    except Exception as e:  # a model the meta device cannot run (data-dependent shapes, .item())
+        say(f"{workload.spec} cannot be traced on the meta device ({type(e).__name__}: {e}); catalog GPUs "
+            f"are scaled from this machine's CPU profile instead (one FLOP ratio, less accurate)")
+        return {}
+    out = {}
+    for kind, dev in kinds.items():
+        fp = {"kind": kind, "model": workload.spec, "roofline": "1"}
+        out[kind] = catalog_profile(shapes, dev, precisions, sizes, fp)
+    say(f"catalog GPUs ({', '.join(kinds)}): roofline from the traced shapes of {workload.spec} "
+        f"in {time.perf_counter() - t0:.1f} s, nothing timed on this machine")
+    return out
 
 
 def calibrate_sync(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say) -> ProfileSet:

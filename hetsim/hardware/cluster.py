@@ -58,9 +58,13 @@ class Device:
     nvlink: bool = False
     catalog_key: str = ""
     peak_fp32_flops: float = 0.0
+    peak_tf32_flops: float = 0.0
+    """Dense TF32 tensor-core rate (0: none before Ampere)."""
     peak_bf16_flops: float = 0.0
     peak_fp16_flops: float = 0.0
     mem_bw_bps: float = 0.0
+    base_clock_ratio: float = 1.0
+    """Base over boost clock: the datasheet peaks are at boost; a power-limited GPU sustains less."""
 
     @property
     def supports_bf16(self) -> bool:
@@ -261,10 +265,13 @@ class CatalogEntry:
     mem_gib: float
     mem_bw_gbs: float
     fp32_tflops: float
+    tf32_tflops: float
     fp16_tensor_tflops: float
     bf16_tflops: float
     host_link: str
     nvlink_gbs_bidir: float
+    base_clock_mhz: float
+    boost_clock_mhz: float
     notes: str
 
 
@@ -280,13 +287,36 @@ def load_catalog() -> dict[str, CatalogEntry]:
             mem_gib=float(row["mem_gib"]),
             mem_bw_gbs=float(row["mem_bw_gbs"]),
             fp32_tflops=float(row["fp32_tflops"]),
+            tf32_tflops=float(row.get("tf32_tflops") or 0.0),
             fp16_tensor_tflops=float(row["fp16_tensor_tflops"]),
             bf16_tflops=float(row["bf16_tflops"]),
             host_link=row["host_link"],
             nvlink_gbs_bidir=float(row["nvlink_gbs_bidir"]),
+            base_clock_mhz=float(row.get("base_clock_mhz") or 0.0),
+            boost_clock_mhz=float(row.get("boost_clock_mhz") or 0.0),
             notes=row["notes"],
         )
     return out
+
+
+MiB = 1024**2
+CUDA_CONTEXT_BYTES = {6: 300 * MiB, 7: 350 * MiB, 8: 450 * MiB, 9: 550 * MiB}
+"""Device memory a CUDA context takes before any tensor, by compute-capability major (lazy module
+loading, CUDA >= 11.7): 300-500 MiB on most GPUs, more on Hopper's larger kernel images."""
+LIBRARY_WORKSPACE_BYTES = 256 * MiB
+"""cuBLAS workspaces (a few MiB per handle, 32 MiB on Hopper) and cuDNN's convolution workspace,
+which PyTorch allocates through its caching allocator at the first convolutions."""
+ALLOCATOR_HEADROOM = 0.05
+"""Fraction of the tensor peak the caching allocator holds beyond it (block rounding and
+fragmentation): the H200 runs in results/gpu/h200 peaked within a few percent of the bytes the
+memory model predicts, and PyTorch rounds every block to 512 B / 2 MiB segments."""
+
+
+def catalog_capacity_bytes(entry: CatalogEntry) -> int:
+    """Bytes a catalog GPU offers tensors: its memory less the CUDA context and library workspaces,
+    then less the allocator's headroom (so a predicted tensor peak below it fits in practice)."""
+    ctx = CUDA_CONTEXT_BYTES.get(entry.compute_capability[0], max(CUDA_CONTEXT_BYTES.values()))
+    return int((entry.mem_gib * GiB - ctx - LIBRARY_WORKSPACE_BYTES) / (1 + ALLOCATOR_HEADROOM))
 
 
 def catalog_device(entry: CatalogEntry, index: int) -> Device:
@@ -294,7 +324,7 @@ def catalog_device(entry: CatalogEntry, index: int) -> Device:
     return Device(
         name=entry.name,
         kind=entry.key,
-        memory_bytes=int(entry.mem_gib * GiB),
+        memory_bytes=catalog_capacity_bytes(entry),
         backend="catalog",
         index=index,
         compute_capability=entry.compute_capability,
@@ -303,9 +333,11 @@ def catalog_device(entry: CatalogEntry, index: int) -> Device:
         nvlink=entry.nvlink_gbs_bidir > 0,
         catalog_key=entry.key,
         peak_fp32_flops=entry.fp32_tflops * 1e12,
+        peak_tf32_flops=entry.tf32_tflops * 1e12,
         peak_bf16_flops=entry.bf16_tflops * 1e12,
         peak_fp16_flops=(entry.fp16_tensor_tflops or entry.fp32_tflops) * 1e12,
         mem_bw_bps=entry.mem_bw_gbs * 1e9,
+        base_clock_ratio=entry.base_clock_mhz / entry.boost_clock_mhz if entry.boost_clock_mhz > 0 else 1.0,
     )
 
 
@@ -350,7 +382,9 @@ def catalog(spec: str) -> Cluster:
         devices=devs,
         links=_link_matrix(devs),
         host_memory_bytes=host_memory_bytes(),
-        notes=("catalog devices are scaled from public specifications: simulation only, uncalibrated",),
+        notes=("catalog devices are scaled from public specifications: simulation only, uncalibrated",
+               "catalog capacity for tensors = memory - CUDA context (300-550 MiB) - 256 MiB cuBLAS/cuDNN "
+               f"workspace, / {1 + ALLOCATOR_HEADROOM:g} for the caching allocator"),
     )
 
 

@@ -2,8 +2,10 @@
 
 Calibrated devices use their own kind's measured block times, divided by the
 device's relative speed (1.0 for real GPUs).  Catalog devices have no
-measurement of their own: they are scaled from a measured reference kind by the
-ratio of sustained matmul throughput (roofline), and every report says so.
+measurement of their own: their profile comes from a per-operator roofline over
+the model's traced shapes (hetsim.model.roofline); a catalog device without one
+(profile sets recorded before it) is scaled from a measured reference kind by the
+ratio of sustained matmul throughput, and every report says so.
 """
 
 from __future__ import annotations
@@ -110,6 +112,8 @@ class CostModel:
         prof = self._scale[dev][0]
         if precision == "fp32":
             return "fp32", 1.0
+        if d.backend == "catalog" and prof.device_kind == d.kind and precision in prof.blocks[0].timing:
+            return precision, 1.0  # the catalog GPU's own roofline profile (hetsim.model.roofline)
         if d.backend == "catalog":
             peak = d.peak_bf16_flops if precision == "bf16" else d.peak_fp16_flops
             return "fp32", d.peak_fp32_flops / peak if peak > d.peak_fp32_flops else 1.0

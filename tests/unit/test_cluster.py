@@ -17,7 +17,8 @@ def test_catalog_spec_counts_and_labels():
     c = parse_cluster("catalog:rtx_3090,gtx_1080_ti*2,t4")
     assert [d.kind for d in c.devices] == ["rtx_3090", "gtx_1080_ti", "gtx_1080_ti", "t4"]
     assert not c.calibrated and c.links is not None
-    assert c.devices[0].memory_bytes == 24 * GiB
+    # Capacity for tensors: 24 GiB less the CUDA context, library workspaces and allocator headroom.
+    assert 24 * GiB - 2 * GiB < c.devices[0].memory_bytes < 24 * GiB - 700 * 2**20
     assert "uncalibrated" in c.describe()
 
 
