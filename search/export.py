@@ -52,7 +52,11 @@ def torchrun_lines(plan_path: Path, pf: PlanFile, launch: Launch) -> list[str]:
         return [shlex.join(["torchrun", "--nnodes", str(nnodes), "--nproc-per-node", str(per), "--node-rank",
                             str(k), "--rdzv-backend", launch.rdzv_backend, "--rdzv-endpoint", launch.rdzv_endpoint,
                             "--rdzv-id", launch.rdzv_id, *train]) + ' "$@"' for k in range(nnodes)]
-    return [shlex.join(["torchrun", "--standalone", "--nproc-per-node", str(n), *train]) + ' "$@"']
+    # One machine: torchrun through hetsim's launcher, which binds torchrun's stores to loopback
+    # (plain `torchrun --standalone` would listen on every interface); the arguments are torchrun's.
+    return [shlex.join([sys.executable, "-m", "hetsim.execution.launcher", "--nnodes", "1", "--nproc-per-node", str(n),
+                        "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--rdzv-id", "hetsim-train",
+                        "--local-addr", "127.0.0.1", *train]) + ' "$@"']
 
 
 def write_launch_script(folder: Path, plan_path: Path, pf: PlanFile, launch: Launch) -> Path:
@@ -68,6 +72,10 @@ def write_launch_script(folder: Path, plan_path: Path, pf: PlanFile, launch: Lau
         f'export PYTHONPATH="{root}${{PYTHONPATH:+:$PYTHONPATH}}"',
         f'PATH="{Path(sys.executable).parent}:$PATH"',
     ]
+    check = shlex.join([sys.executable, "-m", "hetsim.train", "--check", "--plan", str(plan_path.resolve()),
+                        "--model", pf.workload]) + ' "$@" >/dev/null'
+    body.append("# Check the inputs first: bad input is one line and exit 2, before any rank starts.")
+    body.append(check)
     if len(lines) == 1:
         body.append("exec " + lines[0])
     else:

@@ -39,6 +39,8 @@ class PlanSampler:
     epoch: int = 0
     offset: int = 0
     """Samples of this epoch's permutation already handed out (all ranks together)."""
+    drop_last: bool = False
+    """Skip an epoch's last, short global batch (pipelines: their micro-batches need a fixed size)."""
 
     def __post_init__(self) -> None:
         self._perm: torch.Tensor | None = None
@@ -49,6 +51,8 @@ class PlanSampler:
         return sum(self.shares)
 
     def steps_per_epoch(self) -> int:
+        if self.drop_last:
+            return self.n_samples // self.global_batch
         return -(-self.n_samples // self.global_batch)
 
     def _permutation(self) -> torch.Tensor:
@@ -60,7 +64,7 @@ class PlanSampler:
 
     def next_batch(self) -> tuple[list[int], int]:
         """(this rank's indices, the size of this global batch); advances by one global batch."""
-        if self.offset >= self.n_samples:
+        if self.offset >= self.n_samples or (self.drop_last and self.n_samples - self.offset < self.global_batch):
             self.epoch += 1
             self.offset = 0
         perm = self._permutation()

@@ -1,0 +1,1 @@
+"""Train your own model with a found plan: `python -m hetsim.train` and the `prepare` API."""
