@@ -64,6 +64,12 @@ def parse_slow(text: str | None, world: int):
     return slow
 
 
+def check_slow(slow, pf) -> None:
+    if slow is not None and pf.devices[slow.rank].get("backend") != "emulated":
+        raise ConfigError(f"--slow: rank {slow.rank} runs on a real device ({pf.devices[slow.rank].get('name')}); "
+                          "only an emulated device can be slowed")
+
+
 def prepare(args):
     """Everything checked and loaded, nothing written: (plan file, workload, dataset, config)."""
     from hetsim.execution.planfile import load_plan_file
@@ -106,6 +112,7 @@ def prepare(args):
                       rebalance_every=args.rebalance_every, log_every=args.log_every,
                       tensorboard=not args.no_tensorboard, slow=parse_slow(args.slow, pf.world_size),
                       seed=args.seed, lr_schedule=args.lr_schedule)
+    check_slow(cfg.slow, pf)
     if cfg.tensorboard:
         try:
             import tensorboard  # noqa: F401

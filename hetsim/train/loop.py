@@ -110,7 +110,9 @@ class Trainer:
         self.device = torch.device("cuda", dev.get("index", 0)) if dev.get("backend") == "cuda" else torch.device("cpu")
         self.emulator = None
         if dev.get("backend") == "emulated":
-            self.emulator = Emulator(float(dev["speed"]), int(dev["memory_bytes"]), dev.get("name", f"rank {self.rank}"))
+            slowed = self.cfg.slow is not None and self.cfg.slow.rank == self.rank
+            self.emulator = Emulator(float(dev["speed"]), int(dev["memory_bytes"]), dev.get("name", f"rank {self.rank}"),
+                                     adjustable=slowed)
         self.plan = plan_from_dict(self.pf.plan)
         ctx = WorkerContext(rank=self.rank, world_size=self.world, device=self.device, workload=self.workload,
                             global_batch=self.pf.global_batch, seed=self.cfg.seed, emulator=self.emulator,
@@ -160,7 +162,7 @@ class Trainer:
     def step(self, step: int) -> monitor.StepRecord:
         slow = self.cfg.slow
         if slow is not None and slow.rank == self.rank and step == slow.from_step and self.emulator is not None:
-            self.emulator.factor = slow.factor / self.emulator.speed - 1.0
+            self.emulator.set_speed(self.emulator.speed / slow.factor)
         idx, size = self.sampler.next_batch()
         x, y = collate(self.dataset, idx)
         self.ex.load_batch(x, y, size)
