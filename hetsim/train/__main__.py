@@ -169,6 +169,9 @@ def _train(pf, wl, ds, cfg) -> int:
 
 
 def _print_summary(out: dict, cfg) -> None:
+    if out["samples_per_s"] is None:
+        print(f"nothing left to train: the checkpoint is at the last step; final loss {out['final_loss']:.6f}", flush=True)
+        return
     line = f"trained {out['steps']} steps: final loss {out['final_loss']:.6f}; {out['samples_per_s']:.2f} samples/s raw"
     if out.get("samples_per_s_at_ref"):
         line += f", {out['samples_per_s_at_ref']:.2f} samples/s at the profiles' host speed"

@@ -251,6 +251,11 @@ def summarize(pf: PlanFile, every: list[list[monitor.StepRecord]], probes: list[
               rebalances: list[dict], cfg: TrainConfig) -> dict:
     """Throughput of the timed steps (raw and at the profiles' host speed), loss, rebalancing; files."""
     cfg.out.mkdir(parents=True, exist_ok=True)
+    if not every[0]:  # resumed from the last step's checkpoint: nothing left to run
+        out = {"plan": pf.label, "steps": 0, "final_loss": losses[-1] if losses else None, "losses": losses,
+               "samples_per_s": None, "rebalances": rebalances}
+        (cfg.out / "summary.json").write_text(json.dumps(out, indent=1))
+        return out
     timed = slice(TIMING_WARMUP, None) if len(every[0]) > TIMING_WARMUP else slice(0, None)
     ranks = [RankResult(rank=r, status="ok", step_times_s=tuple(x.wall_s for x in recs[timed]),
                         probe_s=tuple(probes[r][timed]) if len(probes[r]) == len(recs) else ())
@@ -268,8 +273,6 @@ def summarize(pf: PlanFile, every: list[list[monitor.StepRecord]], probes: list[
         out["last20_samples_per_s"] = gb / statistics.median(max(r[i].wall_s for r in last) for i in range(len(last[0])))
         if rebalances:
             out["resolved_predicted_samples_per_s"] = gb / rebalances[-1]["predicted_step_s"]
-    if losses and len(every[0]) == len(losses):
-        pass
     monitor.write_trace(every, cfg.out / "trace.json")
     (cfg.out / "steps.json").write_text(json.dumps(monitor.records_json(every)))
     (cfg.out / "summary.json").write_text(json.dumps(out, indent=1))

@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from hetsim.search.export import best_row, torchrun_lines, write_launch_script
+from hetsim.strategies.ddp import DDPPlan
 
 from hetsim.errors import ConfigError
 from hetsim.execution.planfile import PlanFile, load_plan_file, save_plan_file
 from hetsim.execution.runner import Launch, device_dicts
 from hetsim.hardware.cluster import parse_cluster
-from hetsim.search.export import best_row, torchrun_lines, write_launch_script
 from hetsim.serial import to_dict
-from hetsim.strategies.ddp import DDPPlan
 from hetsim.train import __main__ as cli
 from hetsim.train.monitor import StepRecord, split_phases, write_trace
 from hetsim.train.rebalance import Rates, resolve
