@@ -24,6 +24,7 @@ from hetsim.profiling.hostspeed import profile_ref
 from hetsim.reporting import report
 from hetsim.serial import to_dict
 
+from .export import export_plans
 from .study import (
     feasible_candidates,
     infeasible_reasons,
@@ -217,6 +218,8 @@ def _run(opts: Options, console: Console, stop: StopFlag) -> int:
                              candidates=rows, baseline=base_row, trials=trials, timeline=timeline,
                              timeline_label=tl_label, notes=notes, history=history)
     folder = report.write(data, opts.out)
+    launch_sh = export_plans(folder, rows + [base_row], cluster=cluster, workload=wl.spec, optimizer=wl.optimizer,
+                             study=opts.study, launch=opts.launch)
     _print_table(console, data)
     summary = report.summary(data)
     console.print(escape(report._accuracy_line(summary)))
@@ -227,6 +230,8 @@ def _run(opts: Options, console: Console, stop: StopFlag) -> int:
     if best is not None:
         console.print(escape(f"best plan: {best.label}\n  plan JSON: {to_dict(best.plan)}"))
     console.print(escape(f"report: {folder}/report.md (also report.html, summary.json, trials.csv)"))
+    if launch_sh is not None:
+        console.print(escape(f"train with the best plan: bash {launch_sh}  (plan: {launch_sh.parent}/best_plan.json)"))
     if stop():
         console.print("[yellow]stopped early on Ctrl-C; the study keeps every finished trial and run: "
                       f"resume with --study {opts.study}[/]")

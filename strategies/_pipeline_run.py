@@ -126,10 +126,10 @@ class PipelineExecutor:
             ctx.emulator.wrap_optimizer(self.opt)
 
         gb = sum(replica_batches)
-        scale = 1.0 / gb
+        self.scale = 1.0 / gb
 
         def loss_fn(out, y):
-            return wl.loss_sum(out.float(), y) * scale
+            return wl.loss_sum(out.float(), y) * self.scale
 
         cls = get_schedule_class(schedule)
         kw = {"loss_fn": loss_fn}
@@ -148,6 +148,12 @@ class PipelineExecutor:
         self.x = x[lo:hi].to(ctx.device)
         self.y = y[lo:hi].to(ctx.device)
         self.dp_group = dp_group
+
+    def load_batch(self, x, y, global_size: int) -> None:
+        """Train on this replica's samples (x, y) of a global batch of `global_size` next (hetsim.train);
+        every rank of a replica gets the same samples (the first stage reads x, the last y)."""
+        self.x, self.y = x.to(self.ctx.device), y.to(self.ctx.device)
+        self.scale = 1.0 / global_size
 
     def _forward_backward(self) -> float | None:
         args = (self.x,) if self.is_first else ()

@@ -42,6 +42,36 @@ class DDPPlan(Plan):
         return sum(self.local_batch)
 
 
+def min_max_split(n: int, total: int, floor: int, time_of: Callable[[int, int], float],
+                  fits: Callable[[int, int], bool] = lambda i, b: True) -> tuple[int, ...]:
+    """Exact min-max split of `total` samples over `n` workers, each at least `floor`: each next
+    sample goes to the worker that would finish it soonest (`time_of(i, b)`: worker i's time with
+    b samples, non-decreasing in b).  Workers whose next sample would not fit (`fits`) take no more
+    while that is possible; when it is not, memory is ignored (the caller's memory check refuses).
+
+    A heap of (time with one more sample, position) keeps the greedy at O(total log n) time
+    evaluations; ties go to the lowest position, as a linear scan would.  A worker that cannot fit
+    one more sample never can later (its share no longer changes), so it leaves the heap for good.
+    The search's batch split (`balance_batch`) and the rebalancing of `hetsim.train` both use it.
+    """
+    extra = total - floor * n
+    for respect_memory in (True, False):
+        local = [floor] * n
+        heap = [(time_of(i, floor + 1), i) for i in range(n)]
+        heapq.heapify(heap)
+        placed = 0
+        while placed < extra and heap:
+            _, i = heapq.heappop(heap)
+            if respect_memory and not fits(i, local[i] + 1):
+                continue
+            local[i] += 1
+            placed += 1
+            heapq.heappush(heap, (time_of(i, local[i] + 1), i))
+        if placed == extra:
+            break
+    return tuple(local)
+
+
 def balance_batch(cost: CostModel, devices: tuple[int, ...], global_batch: int, accum: int,
                   precision: str, ckpt: int, min_local: int, *,
                   memory_fn: Callable[[int, int], MemoryBreakdown] | None = None) -> tuple[int, ...]:
@@ -50,11 +80,7 @@ def balance_batch(cost: CostModel, devices: tuple[int, ...], global_batch: int, 
     Per-device step time is non-decreasing in its batch, so this greedy is optimal for
     the slowest-device objective.  Memory caps bound each device's share when they can;
     `memory_fn(device, micro_batch)` gives a family's own memory model (default: plain DDP's).
-
-    A heap of (time with one more sample, position) keeps the greedy at O(batch log devices)
-    step-time evaluations instead of O(batch x devices); ties go to the lowest position, as a
-    linear scan would.  A device that cannot fit one more sample never can later (its share no
-    longer changes), so it leaves the heap for good.
+    The greedy itself is `min_max_split`.
     """
     n = cost.facts.n_blocks
     floor = max(min_local, accum)
@@ -85,22 +111,7 @@ def balance_batch(cost: CostModel, devices: tuple[int, ...], global_batch: int, 
             fit_memo[key] = m.total_bytes <= cost.device(d).memory_bytes
         return fit_memo[key]
 
-    extra = global_batch - floor * len(devices)
-    for respect_memory in (True, False):
-        local = [floor] * len(devices)
-        heap = [(step_time(i, floor + 1), i) for i in range(len(devices))]
-        heapq.heapify(heap)
-        placed = 0
-        while placed < extra and heap:
-            _, i = heapq.heappop(heap)
-            if respect_memory and not fits(i, local[i] + 1):
-                continue
-            local[i] += 1
-            placed += 1
-            heapq.heappush(heap, (step_time(i, local[i] + 1), i))
-        if placed == extra:
-            break
-    return tuple(local)
+    return min_max_split(len(devices), global_batch, floor, step_time, fits)
 
 
 def choose_devices(trial, ctx: SearchContext) -> tuple[int, ...]:
@@ -332,6 +343,16 @@ class DataParallelExecutor:
         # full-batch mean gradient whatever the split (FACTS: FSDP averages like DDP).
         self.scale = ctx.world_size / plan.global_batch
         self.scaler = None
+
+    def load_batch(self, x, y, global_size: int) -> None:
+        """Train on this rank's samples (x, y) of a global batch of `global_size` next (hetsim.train):
+        split into the plan's micro-steps, the loss scaled for the new global size."""
+        import torch
+
+        sizes = micro_sizes(len(x), min(self.plan.accum_steps, len(x)))
+        dev = self.ctx.device
+        self.micro = [(a.to(dev), b.to(dev)) for a, b in zip(torch.split(x, sizes), torch.split(y, sizes))]
+        self.scale = self.ctx.world_size / global_size
 
     def _build_model(self):
 
