@@ -9,8 +9,12 @@ from __future__ import annotations
 import difflib
 import re
 import unicodedata
+from typing import TYPE_CHECKING
 
-from hetsim.errors import ConfigError, UnknownNameError
+from hetsim.errors import ConfigError, UnknownNameError, shown
+
+if TYPE_CHECKING:  # a type only: the footprint module imports torch, and these checks run before it
+    from hetsim.workloads.footprint import SampleFootprint
 
 
 def closest_hint(name: str, known: list[str] | tuple[str, ...]) -> str:
@@ -22,10 +26,10 @@ def name_list(text: str, option: str, known: list[str] | tuple[str, ...], what: 
     """'ddp, pipeline' -> ('ddp', 'pipeline'), every item checked against `known`."""
     items = tuple(s.strip() for s in text.split(","))
     if not any(items):
-        raise ConfigError(f"{option} {text!r} names nothing; give comma-separated {what}s from {', '.join(known)}")
+        raise ConfigError(f"{option} {shown(text)} names nothing; give comma-separated {what}s from {', '.join(known)}")
     for s in items:
         if not s:
-            raise ConfigError(f"{option} {text!r} has an empty item; write comma-separated names such as "
+            raise ConfigError(f"{option} {shown(text)} has an empty item; write comma-separated names such as "
                               f"{','.join(list(known)[:2])}")
         if s not in known:
             raise UnknownNameError(what, s, known, closest_hint(s, known))
@@ -33,6 +37,8 @@ def name_list(text: str, option: str, known: list[str] | tuple[str, ...], what: 
 
 
 _RESERVED_NAMES = {".", ".."}
+MAX_NODES = 1024
+"""torchrun nodes: at least one device each, and a cluster holds at most 1,024 devices."""
 
 
 def study_name(name: str) -> str:
@@ -41,30 +47,35 @@ def study_name(name: str) -> str:
         raise ConfigError("--study '' is empty; give a name such as my-study (it names the report folder)")
     bad = sorted({c for c in name if c in "/\\" or unicodedata.category(c).startswith("C")})
     if bad or name in _RESERVED_NAMES:
-        shown = ", ".join(repr(c) for c in bad) if bad else repr(name)
-        raise ConfigError(f"--study {name!r} cannot name a folder (it contains {shown}); the study name becomes "
+        found = ", ".join(repr(c) for c in bad[:5]) if bad else repr(name)
+        raise ConfigError(f"--study {shown(name)} cannot name a folder (it contains {found}); the study name becomes "
                           f"OUT/reports/NAME, so use letters, digits and - _ . such as "
                           f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', name).strip('._') or 'my-study'!r}")
-    if len(name) > 200:
-        raise ConfigError(f"--study name is {len(name)} characters long; the limit is 200 (it names a folder)")
+    size = len(name.encode("utf-8", "surrogateescape"))
+    if size > 200:
+        raise ConfigError(f"--study name is {size} bytes long; the limit is 200 (it names a folder, and file "
+                          "systems allow 255 bytes per name)")
     return name
 
 
 def nnodes(text: str) -> int:
     """torchrun's --nnodes: N or MIN:MAX; returns the largest node count."""
-    m = re.fullmatch(r"\s*(\d+)\s*(?::\s*(\d+)\s*)?", text)
+    m = re.fullmatch(r"\s*([0-9]{1,9})\s*(?::\s*([0-9]{1,9})\s*)?", text)
     lo, hi = (int(m.group(1)), int(m.group(2) or m.group(1))) if m else (0, 0)
     if not m or lo < 1 or hi < lo:
-        raise ConfigError(f"--nnodes {text!r} is not a node count; write N (e.g. 2) or MIN:MAX (e.g. 1:4) with "
-                          "1 <= MIN <= MAX")
+        raise ConfigError(f"--nnodes {shown(text)} is not a node count; write N (e.g. 2) or MIN:MAX (e.g. 1:4) "
+                          "with 1 <= MIN <= MAX")
+    if hi > MAX_NODES:
+        raise ConfigError(f"--nnodes {shown(text)} is above the limit of {MAX_NODES} nodes (a cluster holds at most "
+                          f"{MAX_NODES} devices); use fewer nodes")
     return hi
 
 
 def rdzv_endpoint(text: str) -> str:
     """HOST:PORT, with [::1]:PORT for IPv6 addresses."""
-    m = re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d+)", text.strip())
+    m = re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]{1,253}):([0-9]{1,5})", text.strip())
     if not m or not 1 <= int(m.group(2)) <= 65535:
-        raise ConfigError(f"--rdzv-endpoint {text!r} is not HOST:PORT with a port from 1 to 65535; "
+        raise ConfigError(f"--rdzv-endpoint {shown(text)} is not HOST:PORT with a port from 1 to 65535; "
                           "e.g. node0.example.org:29500 (the first node listens there)")
     return text.strip()
 
@@ -102,3 +113,29 @@ def seed(value: int) -> int:
     if not 0 <= value < 2**32:
         raise ConfigError(f"--seed {value} is outside 0..{2**32 - 1} (numpy's seed range); pick e.g. 0")
     return value
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
+
+
+def batch_fits_memory(global_batch: int, sample: SampleFootprint, model: str, device_bytes: list[int],
+                      profiler_bytes: int, profiler_where: str) -> None:
+    """Two floors, cheap enough to check before anything is measured.  A global batch whose inputs
+    alone exceed the memory of the whole cluster can never run.  And the profiler measures, on
+    `profiler_where`, micro-batches up to the largest share one device may take (the global batch
+    less one sample per other device): their inputs and saved activations must fit in its memory."""
+    need, total = global_batch * sample.input_bytes, sum(device_bytes)
+    if need > total:
+        raise ConfigError(f"--global-batch {global_batch}: its inputs alone are {_gib(need)} "
+                          f"({sample.input_bytes:,} bytes per {model} sample), more than the cluster's "
+                          f"{_gib(total)} of memory in all; use at most {total // sample.input_bytes:,}")
+    per = sample.input_bytes + (sample.saved_bytes or 0)
+    top = global_batch - (len(device_bytes) - 1)
+    if profiler_bytes and top * per > profiler_bytes:
+        what = "inputs and saved activations" if sample.saved_bytes else "inputs"
+        most = profiler_bytes // per + len(device_bytes) - 1
+        raise ConfigError(f"--global-batch {global_batch}: the profiler measures {model} on micro-batches of up "
+                          f"to {top:,} samples on {profiler_where}, whose {what} alone take {_gib(top * per)} "
+                          f"({per / 2**20:,.2f} MiB per sample), more than its {_gib(profiler_bytes)}; use at "
+                          f"most --global-batch {most:,}")

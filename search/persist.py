@@ -42,6 +42,9 @@ def make_storage(spec: str | None):
         if not path.parent.is_dir():
             raise ConfigError(f"--storage {spec!r}: folder {str(path.parent)!r} does not exist; create it or use "
                               "another path (journal:PATH/hetsim.journal)")
+        if path.exists() and not path.is_file():  # a folder, /dev/zero or a pipe: never read
+            raise ConfigError(f"--storage {spec!r}: {str(path)!r} is not a regular file; give a journal file path "
+                              "(journal:PATH/hetsim.journal)")
         if path.exists():
             _locked_cut(str(path))  # a writer killed mid-line: Optuna's own next append would glue onto it
         storage = JournalStorage(JournalFileBackend(str(path)))

@@ -13,7 +13,7 @@ import optuna
 from hetsim.strategies.base import Plan, SearchContext
 
 from hetsim import strategies
-from hetsim.errors import ConfigError, InfeasiblePlanError
+from hetsim.errors import ConfigError, InfeasiblePlanError, shown
 from hetsim.serial import from_dict, to_dict
 from hetsim.types import Measurement, Prediction
 
@@ -44,9 +44,55 @@ def open_study(name: str, storage: str | None, seed: int, resume: bool) -> optun
         raise
     except Exception as e:  # sqlalchemy, sqlite and driver errors alike: a URL the user gave cannot be used
         why = re.sub(r"\s*\(Background on this error at: [^)]*\)", "", f"{type(e).__name__}: {e}").strip()
-        raise ConfigError(f"--storage {storage!r} cannot be opened ({why}); use an Optuna storage URL that "
-                          "this machine can open, such as journal:results/hetsim.journal or "
-                          "sqlite:///results/hetsim.db") from None
+        why = hide_secrets(why, storage or "")
+        raise ConfigError(f"--storage {shown(masked_url(storage or ''), 200)} cannot be opened ({why[:500]}); use "
+                          "an Optuna storage URL that this machine can open, such as "
+                          "journal:results/hetsim.journal or sqlite:///results/hetsim.db") from None
+
+
+# user:PASSWORD@ after // (or at the start: a URL missing its scheme), up to the last @ before the
+# query: an unescaped @ in a password hides no part of it.
+_USERINFO = re.compile(r"(?P<head>(?:^|//)[^/@:\s]*:)[^/?\s][^?\s]*@")
+_QUERY_SECRET = re.compile(r"(?i)(?P<head>[?&;](?:password|passwd|pwd|secret|token|api_key|apikey)=)[^&;\s]*")
+
+
+def masked_url(url: str) -> str:
+    """A storage URL as it may be shown or stored: `postgresql://alice:PASSWORD@host/db` becomes
+    `postgresql://alice:***@host/db` (SQLAlchemy's own rendering), and a password in the query string
+    (`?password=...`) becomes `***` too.  A URL SQLAlchemy cannot parse is masked by pattern."""
+    text = url
+    try:
+        from sqlalchemy.engine import make_url  # an Optuna dependency
+
+        parsed = make_url(url)
+        if parsed.password is not None:
+            text = parsed.render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy can parse: the patterns below still apply
+        pass
+    text = _USERINFO.sub(lambda m: m.group("head") + "***@", text)
+    return _QUERY_SECRET.sub(lambda m: m.group("head") + "***", text)
+
+
+def _secrets(url: str) -> list[str]:
+    found = [m.group(0)[len(m.group("head")):-1] for m in _USERINFO.finditer(url)]
+    found += [m.group(0)[len(m.group("head")):] for m in _QUERY_SECRET.finditer(url)]
+    try:
+        from sqlalchemy.engine import make_url
+
+        if make_url(url).password:
+            found.append(str(make_url(url).password))
+    except Exception:  # unparsable: the patterns found what there is
+        pass
+    return sorted({s for s in found if s}, key=len, reverse=True)
+
+
+def hide_secrets(text: str, url: str) -> str:
+    """`text` (a driver's error message, a log line) with the URL and every password in it masked."""
+    text = text.replace(url, masked_url(url)) if url else text
+    for secret in _secrets(url):
+        if len(secret) >= 3:  # a one- or two-letter password would mask unrelated letters
+            text = text.replace(secret, "***")
+    return text
 
 
 # Optuna 5 takes constraints from the trial (`Trial.set_constraint`); older ones from a sampler callback.

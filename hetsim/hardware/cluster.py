@@ -16,10 +16,27 @@ from pathlib import Path
 
 import tomllib
 
-from hetsim.errors import ClusterSpecError, UnknownNameError
+from hetsim.errors import ClusterSpecError, UnknownNameError, shown
 
 GiB = 1024**3
 DEFAULT_EMULATED = "emu:1.0@4G,0.5@2G"
+
+# Upper bounds, checked before a device is built: a typo of a few digits must fail in a line, not
+# build a hundred million devices or reach the profiler.
+MAX_DEVICES = 1024
+"""Devices in one cluster.  The link matrix and the symmetry grouping grow with the square of the
+count (the search is benchmarked on up to 512 catalog devices)."""
+MAX_EMULATED_DEVICES = 64
+"""Emulated devices: each is a CPU worker process that imports torch (~0.3 GiB of RAM each)."""
+MAX_DEVICE_MEMORY_BYTES = 16 * 1024**4
+"""16 TiB per device: above any accelerator's memory (the largest have 0.2-0.3 TiB)."""
+MIN_DEVICE_MEMORY_BYTES = 1024
+"""1 KiB: a memory written in bytes by mistake ('0.5' is 0 bytes) is refused; tests model tight
+devices of 10 KiB and up."""
+MAX_CLUSTER_FILE_BYTES = 64 * 1024
+"""A cluster file lists at most MAX_DEVICES small tables (1,024 x ~30 bytes: ~30 KiB).  Python's
+TOML parser takes about a second per 100 KiB on a loaded 2-core VM: a larger file is refused
+before it is parsed."""
 
 # Effective per-direction figures (shared/data/link_bandwidths.md), bytes per second.
 HOST_LINK_BPS = {
@@ -175,36 +192,67 @@ _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 
 def parse_size(text: str, *, what: str = "memory size") -> int:
     """'4G', '512M', '1.5GiB', '1073741824' -> bytes."""
-    m = _SIZE.match(text)
-    if not m and _SIZE.match(text.strip().lstrip("-")):
-        raise ClusterSpecError(f"{what} {text!r} is negative; it must be greater than zero (e.g. 4G)")
+    m = _SIZE.match(text) if len(text) <= 40 else None  # a longer "size" is a typo, not a number to parse
+    if not m and text.strip().startswith("-") and _SIZE.match(text.strip().lstrip("-")):
+        raise ClusterSpecError(f"{what} {shown(text)} is negative; it must be greater than zero (e.g. 4G)")
     if not m:
         raise ClusterSpecError(
-            f"{what} {text!r} is not a size; write a number with an optional unit K, M, G or T (e.g. 4G, 512M)"
+            f"{what} {shown(text)} is not a size; write a number with an optional unit K, M, G or T (e.g. 4G, 512M)"
         )
     value = float(m.group(1)) * _UNITS[m.group(2).upper()]
     if value <= 0:
-        raise ClusterSpecError(f"{what} {text!r} must be greater than zero (e.g. 4G)")
+        raise ClusterSpecError(f"{what} {shown(text)} must be greater than zero (e.g. 4G)")
+    if not value <= MAX_DEVICE_MEMORY_BYTES:  # also catches inf from a 400-digit number
+        raise ClusterSpecError(
+            f"{what} {shown(text)} is above the limit of 16T per device (the largest accelerators have "
+            "under 0.3 TiB); check the unit: K, M, G, T are powers of 1024 (e.g. 80G)"
+        )
+    if value < MIN_DEVICE_MEMORY_BYTES:
+        raise ClusterSpecError(
+            f"{what} {shown(text)} is below 1K ({int(value)} bytes), too small to hold any tensor; check the "
+            "unit (e.g. 512M, 4G)"
+        )
     return int(value)
+
+
+MIN_SPEED = 1e-3
+"""An emulated device 1,000 times slower than this CPU would make one step take minutes."""
 
 
 def _parse_speed(text: str) -> float:
     try:
-        speed = float(text)
+        speed = float(text) if len(text) <= 40 else float("nan")
     except ValueError:
+        speed = None
+    if speed is None or text.strip().lower() in ("true", "false"):
         raise ClusterSpecError(
-            f"emulated device speed {text!r} is not a number; write e.g. 1.0 or 0.5 (relative to this CPU)"
-        ) from None
+            f"emulated device speed {shown(text)} is not a number; write e.g. 1.0 or 0.5 (relative to this CPU)"
+        )
     if not speed > 0 or speed != speed or speed == float("inf"):
         raise ClusterSpecError(
-            f"emulated device speed {text!r} must be a finite number > 0 (1.0 = this CPU, 0.5 = half as fast)"
+            f"emulated device speed {shown(text)} must be a finite number > 0 (1.0 = this CPU, 0.5 = half as fast)"
         )
     if speed > 1.0:
         raise ClusterSpecError(
-            f"emulated device speed {text!r} is above 1.0: a CPU worker cannot run faster than this CPU; "
+            f"emulated device speed {shown(text)} is above 1.0: a CPU worker cannot run faster than this CPU; "
             "scale the speeds so the fastest device is 1.0"
         )
+    if speed < MIN_SPEED:
+        raise ClusterSpecError(
+            f"emulated device speed {shown(text)} is below {MIN_SPEED:g}: a worker throttled more than "
+            "1,000x would take minutes per step; use a speed from 0.001 to 1.0"
+        )
     return speed
+
+
+def _check_count(n: int, limit: int, what: str, spec: str) -> None:
+    if n > limit:
+        raise ClusterSpecError(
+            f"--cluster {shown(spec)} has {n:,} {what}; the limit is {limit}"
+            + (" (each emulated device is a CPU worker process that imports torch)" if limit == MAX_EMULATED_DEVICES
+               else " (the planner's link matrix grows with the square of the device count)")
+            + "; use fewer devices"
+        )
 
 
 def host_memory_bytes() -> int:
@@ -222,14 +270,15 @@ def emulated(spec: str) -> Cluster:
     items = [s.strip() for s in body.split(",")]
     if not body.strip() or any(not s for s in items):
         raise ClusterSpecError(
-            f"--cluster {spec!r}: an emulated cluster lists devices as SPEED@MEM separated by commas, "
+            f"--cluster {shown(spec)}: an emulated cluster lists devices as SPEED@MEM separated by commas, "
             "e.g. emu:1.0@4G,0.5@2G"
         )
+    _check_count(len(items), MAX_EMULATED_DEVICES, "emulated devices", spec)
     devices = []
     for i, item in enumerate(items):
         if "@" not in item:
             raise ClusterSpecError(
-                f"--cluster {spec!r}: device {item!r} has no memory; write SPEED@MEM, e.g. 0.5@2G"
+                f"--cluster {shown(spec)}: device {shown(item)} has no memory; write SPEED@MEM, e.g. 0.5@2G"
             )
         speed_s, mem_s = item.split("@", 1)
         speed = _parse_speed(speed_s)
@@ -349,7 +398,15 @@ def _pair_link(a: Device, b: Device) -> Link:
 
 
 def _link_matrix(devices: tuple[Device, ...]) -> tuple[tuple[Link, ...], ...]:
-    return tuple(tuple(_pair_link(a, b) for b in devices) for a in devices)
+    memo: dict[tuple, Link] = {}  # one Link per pair of device types, not one per pair of devices
+
+    def link(a: Device, b: Device) -> Link:
+        key = (a.kind, a.nvlink, a.host_link_bps, b.kind, b.nvlink, b.host_link_bps)
+        if key not in memo:
+            memo[key] = _pair_link(a, b)
+        return memo[key]
+
+    return tuple(tuple(link(a, b) for b in devices) for a in devices)
 
 
 def catalog(spec: str) -> Cluster:
@@ -359,23 +416,29 @@ def catalog(spec: str) -> Cluster:
     items = [s.strip() for s in body.split(",")]
     if not body.strip() or any(not s for s in items):
         raise ClusterSpecError(
-            f"--cluster {spec!r}: a catalog cluster lists keys separated by commas, e.g. catalog:rtx_3090,t4*2"
+            f"--cluster {shown(spec)}: a catalog cluster lists keys separated by commas, e.g. catalog:rtx_3090,t4*2"
         )
-    devices: list[Device] = []
+    _check_count(len(items), MAX_DEVICES, "devices", spec)
+    wanted: list[tuple[CatalogEntry, int]] = []
+    total = 0
     for item in items:
         key, _, count_s = item.partition("*")
         key = key.strip().lower()
         count = 1
-        if count_s:
-            if not count_s.strip().isdigit() or int(count_s) < 1:
-                raise ClusterSpecError(f"--cluster {spec!r}: count {count_s!r} in {item!r} must be a whole number >= 1")
-            count = int(count_s)
+        if "*" in item:
+            digits = count_s.strip().lstrip("0") or "0"
+            if not re.fullmatch(r"[0-9]+", digits) or digits == "0":
+                raise ClusterSpecError(f"--cluster {shown(spec)}: count {shown(count_s)} in {shown(item)} must be "
+                                       "a whole number >= 1")
+            count = int(digits) if len(digits) <= 12 else 10**12  # too many either way: the bound below says so
         if key not in table:
-            close = difflib.get_close_matches(key, list(table), n=1, cutoff=0.4)
+            close = difflib.get_close_matches(key[:100], list(table), n=1, cutoff=0.4)
             hint = f"did you mean {close[0]!r}?" if close else ""
-            raise UnknownNameError("catalog GPU", key, list(table), hint)
-        devices.extend(catalog_device(table[key], len(devices) + j) for j in range(count))
-    devs = tuple(devices)
+            raise UnknownNameError("catalog GPU", key if len(key) <= 100 else shown(key), list(table), hint)
+        total += count
+        _check_count(total, MAX_DEVICES, "devices", spec)
+        wanted.append((table[key], count))
+    devs = tuple(catalog_device(entry, i) for i, entry in enumerate(e for e, n in wanted for _ in range(n)))
     return Cluster(
         spec=spec,
         source="catalog",
@@ -457,85 +520,122 @@ def detect_cuda() -> Cluster | None:
 
 
 _TOML_DEVICE_FIELDS = frozenset({"name", "memory", "speed", "catalog"})
+_MAX_NAME_CHARS = 100
+
+
+def _read_cluster_file(path: str) -> dict:
+    """The parsed TOML of a cluster file: a regular file of at most MAX_CLUSTER_FILE_BYTES (a FIFO or
+    /dev/zero would never end), valid UTF-8 and valid TOML."""
+    p = Path(path)
+    try:
+        if not p.exists():
+            raise ClusterSpecError(f"cluster file {shown(path)} does not exist; give an existing TOML file or an "
+                                   "emu:/catalog: spec")
+        if not p.is_file():
+            what = "a folder" if p.is_dir() else "not a regular file (a device, a pipe or a socket)"
+            raise ClusterSpecError(f"cluster file {shown(path)} cannot be read: it is {what}; give a TOML file")
+        with p.open("rb") as f:
+            raw = f.read(MAX_CLUSTER_FILE_BYTES + 1)
+    except OSError as e:
+        raise ClusterSpecError(f"cluster file {shown(path)} cannot be read ({e.strerror or e}); check its "
+                               "permissions") from None
+    if len(raw) > MAX_CLUSTER_FILE_BYTES:
+        raise ClusterSpecError(f"cluster file {shown(path)} is larger than 64 KiB; a cluster file lists at most "
+                               f"{MAX_DEVICES} [[device]] tables (about 30 KiB): is it the right file?")
+    try:
+        return tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ClusterSpecError(f"cluster file {shown(path)} cannot be read: it is not UTF-8 text ({e.reason} at "
+                               f"byte {e.start}); save it as UTF-8") from None
+    except (tomllib.TOMLDecodeError, ValueError, RecursionError) as e:  # ValueError: a 5,000-digit integer
+        why = str(e) if isinstance(e, tomllib.TOMLDecodeError) else f"{type(e).__name__}: {str(e)[:200]}"
+        raise ClusterSpecError(f"cluster file {shown(path)} is not valid TOML: {why}") from None
+
+
+def _toml_text(value: object, field_name: str, i: int, path: str, example: str) -> str:
+    """A TOML field that must be a string or a number: a table, list or boolean is a mistake."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ClusterSpecError(f"cluster file {shown(path)}: device {i} {field_name} is a "
+                               f"{type(value).__name__} ({shown(value, 40)}); write e.g. {field_name} = {example}")
+    return str(value)
+
+
+def _toml_device(e: object, i: int, path: str, catalog_table: dict[str, CatalogEntry] | None) -> Device:
+    if not isinstance(e, dict):
+        raise ClusterSpecError(f"cluster file {shown(path)}: device {i} is not a table; write [[device]] tables")
+    unknown = sorted(set(e) - _TOML_DEVICE_FIELDS)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], sorted(_TOML_DEVICE_FIELDS), n=1, cutoff=0.5)
+        raise ClusterSpecError(
+            f"cluster file {shown(path)}: device {i} has unknown field(s) {', '.join(shown(u, 40) for u in unknown[:5])}"
+            + (f" (did you mean {close[0]!r}?)" if close else "")
+            + f"; a device takes {', '.join(sorted(_TOML_DEVICE_FIELDS))}"
+        )
+    name = e.get("name")
+    if name is not None and (not isinstance(name, str) or not name.strip() or len(name) > _MAX_NAME_CHARS
+                             or not name.isprintable()):
+        raise ClusterSpecError(f"cluster file {shown(path)}: device {i} name {shown(name, 40)} must be a non-empty "
+                               f"string of at most {_MAX_NAME_CHARS} printable characters, e.g. name = \"gpu0\"")
+    if "catalog" in e:
+        if not isinstance(e["catalog"], str):
+            raise ClusterSpecError(f"cluster file {shown(path)}: device {i} catalog is a "
+                                   f"{type(e['catalog']).__name__}; write a GPU key such as catalog = \"t4\"")
+        table = catalog_table if catalog_table is not None else load_catalog()
+        key = e["catalog"].strip().lower()
+        if key not in table:
+            close = difflib.get_close_matches(key[:100], list(table), n=1, cutoff=0.4)
+            raise UnknownNameError("catalog GPU", key if len(key) <= 100 else shown(key), list(table),
+                                   f"did you mean {close[0]!r}?" if close else "")
+        dev = catalog_device(table[key], i)
+        if "memory" in e:
+            mem = parse_size(_toml_text(e["memory"], "memory", i, path, '"24G"'), what=f"device {i} memory")
+            dev = dataclasses.replace(dev, memory_bytes=mem)
+        return dataclasses.replace(dev, name=name) if name else dev
+    missing = [k for k in ("speed", "memory") if k not in e]
+    if missing:
+        raise ClusterSpecError(
+            f"cluster file {shown(path)}: device {i} misses field(s) {', '.join(missing)}; "
+            "an emulated device needs speed (e.g. 0.5) and memory (e.g. \"2G\"), a GPU needs catalog (e.g. \"t4\")"
+        )
+    speed = _parse_speed(_toml_text(e["speed"], "speed", i, path, "0.5"))
+    mem = parse_size(_toml_text(e["memory"], "memory", i, path, '"2G"'), what=f"device {i} memory")
+    return Device(name=name or f"emu{i} (x{speed:g}, {mem / GiB:.2g} GiB)", kind="emu-cpu", memory_bytes=mem,
+                  speed=speed, backend="emulated", index=i)
 
 
 def from_toml(path: str) -> Cluster:
     """A TOML file: [[device]] tables with name, memory, and speed (emulated) or catalog key."""
-    p = Path(path)
-    try:
-        data = tomllib.loads(p.read_text())
-    except FileNotFoundError:
-        raise ClusterSpecError(f"cluster file {path!r} does not exist; give an existing TOML file or an emu:/catalog: spec") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ClusterSpecError(f"cluster file {path!r} cannot be read ({e}); check its permissions and encoding") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ClusterSpecError(f"cluster file {path!r} is not valid TOML: {e}") from None
+    data = _read_cluster_file(path)
     entries = data.get("device")
     if not isinstance(entries, list) or not entries:
-        found = f" (it has: {', '.join(sorted(data))})" if data else " (it is empty)"
+        found = f" (it has: {', '.join(shown(k, 30) for k in sorted(data)[:10])})" if data else " (it is empty)"
         raise ClusterSpecError(
-            f"cluster file {path!r} has no [[device]] tables{found}; each device needs at least "
+            f"cluster file {shown(path)} has no [[device]] tables{found}; each device needs at least "
             "'memory' and either 'speed' (emulated) or 'catalog' (a GPU key)"
         )
-    table = None
-    devices: list[Device] = []
-    for i, e in enumerate(entries):
-        if not isinstance(e, dict):
-            raise ClusterSpecError(f"cluster file {path!r}: device {i} is not a table")
-        unknown = sorted(set(e) - _TOML_DEVICE_FIELDS)
-        if unknown:
-            close = difflib.get_close_matches(unknown[0], sorted(_TOML_DEVICE_FIELDS), n=1, cutoff=0.5)
-            raise ClusterSpecError(
-                f"cluster file {path!r}: device {i} has unknown field(s) {', '.join(map(repr, unknown))}"
-                + (f" (did you mean {close[0]!r}?)" if close else "")
-                + f"; a device takes {', '.join(sorted(_TOML_DEVICE_FIELDS))}"
-            )
-        if "catalog" in e:
-            table = table or load_catalog()
-            key = str(e["catalog"]).lower()
-            if key not in table:
-                close = difflib.get_close_matches(key, list(table), n=1, cutoff=0.4)
-                raise UnknownNameError("catalog GPU", key, list(table), f"did you mean {close[0]!r}?" if close else "")
-            dev = catalog_device(table[key], i)
-            if "memory" in e:
-                dev = _replace(dev, memory_bytes=parse_size(str(e["memory"]), what=f"device {i} memory"))
-            devices.append(dev)
-            continue
-        missing = [k for k in ("speed", "memory") if k not in e]
-        if missing:
-            raise ClusterSpecError(
-                f"cluster file {path!r}: device {i} misses field(s) {', '.join(missing)}; "
-                "an emulated device needs speed (e.g. 0.5) and memory (e.g. \"2G\")"
-            )
-        speed = _parse_speed(str(e["speed"]))
-        mem = parse_size(str(e["memory"]), what=f"device {i} memory")
-        devices.append(
-            Device(
-                name=str(e.get("name", f"emu{i} (x{speed:g}, {mem / GiB:.2g} GiB)")),
-                kind="emu-cpu",
-                memory_bytes=mem,
-                speed=speed,
-                backend="emulated",
-                index=i,
-            )
-        )
-    devs = tuple(devices)
-    links = None if all(d.backend == "emulated" for d in devs) else _link_matrix(devs)
+    other = sorted(set(data) - {"device"})
+    if other:
+        raise ClusterSpecError(f"cluster file {shown(path)} has unknown top-level key(s) "
+                               f"{', '.join(shown(k, 30) for k in other[:5])}; a cluster file holds only "
+                               "[[device]] tables")
+    _check_count(len(entries), MAX_DEVICES, "devices", path)
+    table = load_catalog() if any(isinstance(e, dict) and "catalog" in e for e in entries) else None
+    devs = tuple(_toml_device(e, i, path, table) for i, e in enumerate(entries))
+    n_emulated = sum(d.backend == "emulated" for d in devs)
+    _check_count(n_emulated, MAX_EMULATED_DEVICES, "emulated devices", path)
+    links = None if n_emulated == len(devs) else _link_matrix(devs)
     return Cluster(spec=str(path), source="file", devices=devs, links=links, host_memory_bytes=host_memory_bytes())
-
-
-def _replace(dev: Device, **kw) -> Device:
-    import dataclasses
-
-    return dataclasses.replace(dev, **kw)
 
 
 def parse_cluster(spec: str | None) -> Cluster:
     """Any `--cluster` form; None picks `cuda` when GPUs are present, else the emulated default."""
-    if spec is None or spec == "":
+    if spec is None:
         found = detect_cuda()
         return found if found is not None else emulated(DEFAULT_EMULATED)
     s = spec.strip()
+    if not s:
+        raise ClusterSpecError(f"--cluster {spec!r} is empty (an unset shell variable?); give a cluster such as "
+                               f"{DEFAULT_EMULATED}, or leave --cluster out for the default")
     if s.startswith("emu:") or s == "emu":
         return emulated(s)
     if s.startswith("catalog:") or s == "catalog":
@@ -551,6 +651,6 @@ def parse_cluster(spec: str | None) -> Cluster:
     if s.endswith(".toml") or os.path.sep in s or os.path.exists(s):
         return from_toml(s)
     raise ClusterSpecError(
-        f"--cluster {spec!r} is not a cluster; use emu:SPEED@MEM,... (e.g. {DEFAULT_EMULATED}), "
+        f"--cluster {shown(spec)} is not a cluster; use emu:SPEED@MEM,... (e.g. {DEFAULT_EMULATED}), "
         "catalog:KEY[*N],... (e.g. catalog:rtx_3090,t4), cuda, or a path to a .toml file"
     )

@@ -35,7 +35,13 @@ def test_bad_specs(spec):
 
 def test_parse_size():
     assert parse_size("1.5G") == int(1.5 * GiB)
-    assert parse_size("1024") == 1024
+    assert parse_size("1048576") == 2**20  # bytes without a unit
+
+
+@pytest.mark.parametrize("text", ["1000", "0.5", "17T", "9" * 400 + "T", "inf", "nanG", "1e3G", " ", "4 G B"])
+def test_parse_size_refuses_what_no_device_has(text):
+    with pytest.raises(ClusterSpecError):
+        parse_size(text)
 
 
 def test_toml_file(tmp_path):
