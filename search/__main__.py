@@ -225,6 +225,8 @@ def resolve(args, console):
     elif max_nodes != 1:
         raise ConfigError(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT so the nodes can meet")
     checks.node_rank(args.node_rank, max_nodes)
+    if args.storage is not None:
+        checks.storage_url(args.storage)
     if args.study is not None:
         checks.study_name(args.study)
     all_precisions = ("fp32", "bf16", "fp16")
@@ -251,7 +253,6 @@ def resolve(args, console):
     from hetsim.execution.runner import Launch
 
     from .app import Options, default_study_name
-    from .study import masked_url
 
     fault = _parse_fault(args.inject_fault) if args.inject_fault else None
     known = strategies.names()  # imports the strategy modules, and torch
@@ -287,7 +288,7 @@ def resolve(args, console):
         precisions = tuple(p for p in precisions if p != "fp16") or ("fp32",)  # fp16 autocast is CUDA-only
     storage = args.storage if args.storage is not None else f"journal:{(out / 'hetsim.journal').resolve()}"
     if args.jobs > 1 and not (storage.startswith("journal:") or storage.endswith(".journal")):
-        raise ConfigError(f"--jobs {args.jobs} with --storage {shown(masked_url(storage))}: several search workers "
+        raise ConfigError(f"--jobs {args.jobs} with --storage {shown(checks.masked_url(storage))}: several search workers "
                           "need a journal storage (SQLite breaks under parallel writers); use --storage "
                           "journal:PATH or --jobs 1")
     study = args.study or default_study_name(wl.spec, cluster.spec, args.global_batch, names)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import re
 import unicodedata
+import warnings
 from typing import TYPE_CHECKING
 
 from hetsim.errors import ConfigError, UnknownNameError, shown
@@ -139,3 +140,68 @@ def batch_fits_memory(global_batch: int, sample: SampleFootprint, model: str, de
                           f"to {top:,} samples on {profiler_where}, whose {what} alone take {_gib(top * per)} "
                           f"({per / 2**20:,.2f} MiB per sample), more than its {_gib(profiler_bytes)}; use at "
                           f"most --global-batch {most:,}")
+
+
+# user:PASSWORD@ after // (or at the start: a URL missing its scheme), up to the last @ before the
+# query: an unescaped @ in a password hides no part of it.
+_USERINFO = re.compile(r"(?P<head>(?:^|//)[^/@:\s]*:)[^/?\s][^?\s]*@")
+_QUERY_SECRET = re.compile(r"(?i)(?P<head>[?&;](?:password|passwd|pwd|secret|token|api_key|apikey)=)[^&;\s]*")
+
+
+def masked_url(url: str) -> str:
+    """A storage URL as it may be shown or stored: `postgresql://alice:PASSWORD@host/db` becomes
+    `postgresql://alice:***@host/db` (SQLAlchemy's own rendering), and a password in the query string
+    (`?password=...`) becomes `***` too.  A URL SQLAlchemy cannot parse is masked by pattern."""
+    text = url
+    try:
+        from sqlalchemy.engine import make_url  # an Optuna dependency
+
+        parsed = make_url(url)
+        if parsed.password is not None:
+            text = parsed.render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy can parse: the patterns below still apply
+        pass
+    text = _USERINFO.sub(lambda m: m.group("head") + "***@", text)
+    return _QUERY_SECRET.sub(lambda m: m.group("head") + "***", text)
+
+
+def _secrets(url: str) -> list[str]:
+    found = [m.group(0)[len(m.group("head")):-1] for m in _USERINFO.finditer(url)]
+    found += [m.group(0)[len(m.group("head")):] for m in _QUERY_SECRET.finditer(url)]
+    try:
+        from sqlalchemy.engine import make_url
+
+        if make_url(url).password:
+            found.append(str(make_url(url).password))
+    except Exception:  # unparsable: the patterns found what there is
+        pass
+    return sorted({s for s in found if s}, key=len, reverse=True)
+
+
+def hide_secrets(text: str, url: str) -> str:
+    """`text` (a driver's error message, a log line) with the URL and every password in it masked."""
+    text = text.replace(url, masked_url(url)) if url else text
+    for secret in _secrets(url):
+        if len(secret) >= 3:  # a one- or two-letter password would mask unrelated letters
+            text = text.replace(secret, "***")
+    return text
+
+
+def storage_url(storage: str) -> None:
+    """An Optuna RDB URL that cannot work fails here, before torch is imported: SQLAlchemy parses
+    it, loads its dialect and driver, and connects to nothing (`create_engine` is lazy).  Journal
+    files are checked where they are opened."""
+    if storage.startswith("journal:") or storage.endswith(".journal"):
+        return
+    try:
+        import sqlalchemy  # an Optuna dependency
+
+        with warnings.catch_warnings():  # SQLAlchemy's warnings about the URL are lines of their own
+            warnings.simplefilter("ignore")
+            sqlalchemy.create_engine(storage)
+    except Exception as e:  # parse, dialect and driver errors alike
+        why = re.sub(r"\s*\(Background on this error at: [^)]*\)", "", f"{type(e).__name__}: {e}").strip()
+        why = hide_secrets(why, storage)
+        raise ConfigError(f"--storage {shown(masked_url(storage), 200)} cannot be opened ({why[:500]}); use an "
+                          "Optuna storage URL that this machine can open, such as journal:results/hetsim.journal "
+                          "or sqlite:///results/hetsim.db") from None

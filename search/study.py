@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ from hetsim.errors import ConfigError, InfeasiblePlanError, shown
 from hetsim.serial import from_dict, to_dict
 from hetsim.types import Measurement, Prediction
 
+from .checks import hide_secrets, masked_url
 from .persist import make_storage
 
 MEASURED_PREFIX = "measured:"
@@ -38,8 +40,10 @@ def open_study(name: str, storage: str | None, seed: int, resume: bool) -> optun
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the CLI says itself whether a study resumes
     sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=20, **kw)
     try:
-        return optuna.create_study(study_name=name, storage=make_storage(storage), sampler=sampler,
-                                   direction="maximize", load_if_exists=True)
+        with warnings.catch_warnings():  # SQLAlchemy's warnings about a URL would print lines of their own
+            warnings.simplefilter("ignore", category=Warning)
+            return optuna.create_study(study_name=name, storage=make_storage(storage), sampler=sampler,
+                                       direction="maximize", load_if_exists=True)
     except ConfigError:
         raise
     except Exception as e:  # sqlalchemy, sqlite and driver errors alike: a URL the user gave cannot be used
@@ -50,49 +54,6 @@ def open_study(name: str, storage: str | None, seed: int, resume: bool) -> optun
                           "journal:results/hetsim.journal or sqlite:///results/hetsim.db") from None
 
 
-# user:PASSWORD@ after // (or at the start: a URL missing its scheme), up to the last @ before the
-# query: an unescaped @ in a password hides no part of it.
-_USERINFO = re.compile(r"(?P<head>(?:^|//)[^/@:\s]*:)[^/?\s][^?\s]*@")
-_QUERY_SECRET = re.compile(r"(?i)(?P<head>[?&;](?:password|passwd|pwd|secret|token|api_key|apikey)=)[^&;\s]*")
-
-
-def masked_url(url: str) -> str:
-    """A storage URL as it may be shown or stored: `postgresql://alice:PASSWORD@host/db` becomes
-    `postgresql://alice:***@host/db` (SQLAlchemy's own rendering), and a password in the query string
-    (`?password=...`) becomes `***` too.  A URL SQLAlchemy cannot parse is masked by pattern."""
-    text = url
-    try:
-        from sqlalchemy.engine import make_url  # an Optuna dependency
-
-        parsed = make_url(url)
-        if parsed.password is not None:
-            text = parsed.render_as_string(hide_password=True)
-    except Exception:  # not a URL SQLAlchemy can parse: the patterns below still apply
-        pass
-    text = _USERINFO.sub(lambda m: m.group("head") + "***@", text)
-    return _QUERY_SECRET.sub(lambda m: m.group("head") + "***", text)
-
-
-def _secrets(url: str) -> list[str]:
-    found = [m.group(0)[len(m.group("head")):-1] for m in _USERINFO.finditer(url)]
-    found += [m.group(0)[len(m.group("head")):] for m in _QUERY_SECRET.finditer(url)]
-    try:
-        from sqlalchemy.engine import make_url
-
-        if make_url(url).password:
-            found.append(str(make_url(url).password))
-    except Exception:  # unparsable: the patterns found what there is
-        pass
-    return sorted({s for s in found if s}, key=len, reverse=True)
-
-
-def hide_secrets(text: str, url: str) -> str:
-    """`text` (a driver's error message, a log line) with the URL and every password in it masked."""
-    text = text.replace(url, masked_url(url)) if url else text
-    for secret in _secrets(url):
-        if len(secret) >= 3:  # a one- or two-letter password would mask unrelated letters
-            text = text.replace(secret, "***")
-    return text
 
 
 # Optuna 5 takes constraints from the trial (`Trial.set_constraint`); older ones from a sampler callback.
