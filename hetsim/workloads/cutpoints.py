@@ -48,7 +48,7 @@ class _Tracer(fx.Tracer):
         return qualname in self.leaves or super().is_leaf_module(m, qualname)
 
 
-def _valid_cuts(graph: fx.Graph, anchors: set[str]) -> tuple[list[fx.Node], list[int], list[int]]:
+def _valid_cuts(root: nn.Module, graph: fx.Graph, anchors: set[str]) -> tuple[list[fx.Node], list[int], list[int]]:
     """The graph's compute nodes, candidate cut positions (before each anchor call, after the
     last one), and those where exactly one value (not a parameter read) is live."""
     nodes = [n for n in graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
@@ -57,7 +57,8 @@ def _valid_cuts(graph: fx.Graph, anchors: set[str]) -> tuple[list[fx.Node], list
     if not anchor_idx:
         return nodes, [], []
     cands = sorted(set(anchor_idx[1:] + [anchor_idx[0]] * (anchor_idx[0] > 0) + [anchor_idx[-1] + 1]))
-    cands = [c for c in cands if 0 < c < len(nodes)]
+    # A stage may not start with an in-place op (autograd refuses to modify its input leaf in place).
+    cands = [c for c in cands if 0 < c < len(nodes) and not _inplace(root, nodes[c])]
     last_use = {}
     for n in graph.nodes:
         for user in n.users:
@@ -70,6 +71,12 @@ def _valid_cuts(graph: fx.Graph, anchors: set[str]) -> tuple[list[fx.Node], list
         if len(live) == 1 and live[0].op != "placeholder":
             valid.append(c)
     return nodes, cands, valid
+
+
+def _inplace(root: nn.Module, node: fx.Node) -> bool:
+    if node.op == "call_module":
+        return bool(getattr(root.get_submodule(node.target), "inplace", False))
+    return node.op == "call_method" and str(node.target).endswith("_") or bool(node.kwargs.get("inplace"))
 
 
 def _segment(root: nn.Module, graph: fx.Graph, nodes: list[fx.Node], lo: int, hi: int) -> fx.GraphModule:
@@ -110,12 +117,13 @@ def split_module(module: nn.Module, example: torch.Tensor, name: str) -> Split:
     else:
         leaves = set(repeated_run(module)[1])
     try:
-        graph = _Tracer(leaves).trace(module)
+        graph = _Tracer(leaves).trace(module, concrete_args=_defaults(module))
     except Exception as e:  # any Python fx cannot follow (data-dependent control flow, *args)
         return _fallback(whole, name, f"torch.fx cannot trace its forward ({type(e).__name__}: {_short(e)})")
+    _drop_guards(graph)
     if sum(n.op == "placeholder" for n in graph.nodes) != 1:
         return _fallback(whole, name, "its forward takes more than one input")
-    nodes, cands, valid = _valid_cuts(graph, leaves)
+    nodes, cands, valid = _valid_cuts(module, graph, leaves)
     if not valid:
         why = ("no repeated child blocks or children to cut between" if not cands else
                "every cut between its child blocks is crossed by more than one value (a skip connection or "
@@ -130,14 +138,45 @@ def split_module(module: nn.Module, example: torch.Tensor, name: str) -> Split:
         bounds = merged
     notes = []
     if len(segs) == 1:
-        return _fallback(whole, name, "its blocks share parameters end to end (tied weights), so every cut "
-                                      "would separate them")
+        return _fallback(whole, name, "parameters shared by its first and last parts (tied weights) would be "
+                                      "cut apart by every split", "to pipeline it, untie them (give the output "
+                                      "projection its own weight)")
     if len(bounds) - 1 < len(valid) + 1:
         notes.append(f"{name}: blocks sharing parameters (tied weights) were kept on one stage")
     problem = _check_chain(module, segs, example)
     if problem:
         return _fallback(whole, name, problem)
     return Split(blocks=tuple((_block_name(seg, k), seg) for k, seg in enumerate(segs)), notes=tuple(notes))
+
+
+def _drop_guards(graph: fx.Graph) -> None:
+    """Remove the arguments fixed at their defaults: fx keeps them as placeholders checked by guards."""
+    def guard(n: fx.Node) -> bool:  # n only feeds checks (`x == default`, then an assert)
+        if n.op == "call_function" and "assert" in getattr(n.target, "__name__", ""):
+            return True
+        return n.op == "call_function" and bool(n.users) and all(guard(u) for u in n.users)
+
+    for ph in [n for n in graph.nodes if n.op == "placeholder"][1:]:
+        if all(guard(u) for u in ph.users):
+            doomed = [n for n in graph.nodes if n is ph or _feeds_only(n, ph, guard)]
+            for n in reversed(doomed):
+                graph.erase_node(n)
+
+
+def _feeds_only(n: fx.Node, ph: fx.Node, guard) -> bool:
+    return guard(n) and all(a is ph or _feeds_only(a, ph, guard) for a in n.all_input_nodes)
+
+
+def _defaults(module: nn.Module) -> dict[str, object]:
+    """Arguments after the first that have defaults (masks, flags): fixed at their defaults."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return {}
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
 def _block_name(seg: fx.GraphModule, k: int) -> str:
@@ -178,11 +217,13 @@ def _compare(module: nn.Module, segs: list[fx.GraphModule], example: torch.Tenso
     return None
 
 
-def _fallback(whole: Split, name: str, why: str) -> Split:
+FIX = ("to pipeline it, give it a forward that is a chain of child modules each taking and returning one tensor "
+       "(an nn.Sequential, or a ModuleList of layers looped over), or return a hetsim Workload with your own blocks")
+
+
+def _fallback(whole: Split, name: str, why: str, fix: str = FIX) -> Split:
     return Split(blocks=whole.blocks, notes=(
-        f"{name} runs as one block (data parallel and ZeRO plans only, no pipeline): {why}. To pipeline it, "
-        "give it a forward that is a chain of child modules each taking and returning one tensor (e.g. an "
-        "nn.Sequential or a ModuleList of layers), or return a hetsim Workload with your own blocks",))
+        f"{name} runs as one block (data parallel and ZeRO plans only, no pipeline): {why}; {fix}",))
 
 
 def _short(e: Exception) -> str:
