@@ -121,7 +121,8 @@ def hf_workload(spec: str, seq_len: int | None = None) -> Workload:
         torch.manual_seed(0)
         return _hf_blocks(model_cls(cfg), t.arch)
 
-    blocks = build()
+    with torch.device("meta"):  # sizes and ties without allocating weights (the model may be huge)
+        blocks = build()
     merged, notes = merge_tied_blocks(blocks, spec)
     params = sum(p.numel() for p in {id(p): p for _, b in blocks for p in b.parameters()}.values())
     batch_cfg = GPTConfig(vocab_size=cfg.vocab_size, seq_len=seq)
