@@ -94,8 +94,18 @@ def _segment(root: nn.Module, graph: fx.Graph, nodes: list[fx.Node], lo: int, hi
                 env[a] = g.node_copy(a, lambda m: env[m])
         env[n] = g.node_copy(n, lambda m: env[m])
     out = nodes[hi - 1] if hi < len(nodes) else next(n for n in graph.nodes if n.op == "output").args[0]
-    g.output(env[out] if isinstance(out, fx.Node) else fx.map_arg(out, lambda m: env[m]))
+    if isinstance(out, fx.Node):  # a stage that hands on a view breaks the zero-bubble pipeline schedules
+        g.output(g.call_function(own_storage, (env[out],)))
+    else:
+        g.output(env[out] if isinstance(out, fx.Node) else fx.map_arg(out, lambda m: env[m]))
     return fx.GraphModule(root, g)
+
+
+@fx.wrap
+def own_storage(t: torch.Tensor) -> torch.Tensor:
+    """`t`, copied when it is a view of another tensor (torch's zero-bubble schedules refuse a
+    stage output that is a view); a tensor that owns its storage passes unchanged."""
+    return t.clone() if isinstance(t, torch.Tensor) and t._is_view() else t
 
 
 def _merge_tied(bounds: list[int], blocks: list[fx.GraphModule]) -> list[int]:
