@@ -53,8 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "base, large) or vit (tiny, mini, b16, l16); default: tiny on emulated clusters, "
                         "small/base/b16 on GPUs")
     p.add_argument("--seq-len", type=positive_int("--seq-len"), default=None,
-                   help="tokens per sample of gpt, bert and hf: models (default: the preset's; 256 on catalog clusters, "
-                        "128 for hf:)")
+                   help="tokens per sample of gpt, bert and hf: models (default: the preset's; 128 for hf:)")
     p.add_argument("--cluster", default=None, help="emu:SPEED@MEM,... | catalog:KEY[*N],... | cuda | FILE.toml "
                                                    "(default: cuda if GPUs are present, else emu:1.0@4G,0.5@2G)")
     p.add_argument("--global-batch", type=positive_int("--global-batch"), default=32)

@@ -137,9 +137,6 @@ DEFAULT_SIZE = {
     # GPUs (real or catalog): GPT-2 small, BERT-base, ViT-B/16.
     "gpu": {"gpt": "small", "bert": "base", "vit": "b16"},
 }
-CATALOG_SEQ_LEN = 256
-"""Sequence length of text models on catalog clusters until what-if planning stops profiling on this
-CPU: GPT-2 small at 1024 tokens takes many minutes to profile here (--seq-len 1024 asks for it)."""
 
 
 def default_size(model: str, cluster_source: str) -> tuple[str | None, int | None]:
@@ -148,8 +145,7 @@ def default_size(model: str, cluster_source: str) -> tuple[str | None, int | Non
     if model not in SIZED_MODELS:
         return None, None
     kind = "emulated" if cluster_source == "emulated" else "gpu"
-    seq = CATALOG_SEQ_LEN if cluster_source == "catalog" and model in SEQUENCE_MODELS else None
-    return DEFAULT_SIZE[kind][model], seq
+    return DEFAULT_SIZE[kind][model], None
 
 
 def default_image_size(model: str, emulated: bool) -> int | None:
