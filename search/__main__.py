@@ -128,7 +128,15 @@ class Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="python -m hetsim.search",
                description="Search training plans for a (heterogeneous) cluster, run the best for real, report.")
-    p.add_argument("--model", type=text_value("--model"), default="resnet50", help="resnet50, resnet18, resnet18_gn, mlp, gn_resnet or module:function")
+    p.add_argument("--model", type=text_value("--model"), default="resnet50",
+                   help="resnet50, resnet18, resnet18_gn, mlp, gn_resnet, gpt, bert, vit, hf:NAME[?layers=N&...], "
+                        "timm:NAME or module:function (returning an nn.Module, a UserModel or a Workload)")
+    p.add_argument("--model-size", type=text_value("--model-size"), default=None,
+                   help="size preset of gpt (tiny, mini, small = GPT-2 small, medium, large, xl), bert (tiny, mini, "
+                        "base, large) or vit (tiny, mini, b16, l16); default: tiny on emulated clusters, "
+                        "small/base/b16 on GPUs")
+    p.add_argument("--seq-len", type=positive_int("--seq-len"), default=None,
+                   help="tokens per sample of gpt, bert and hf: models (default: the preset's; 128 for hf:)")
     p.add_argument("--cluster", type=text_value("--cluster"), default=None, help="emu:SPEED@MEM,... | catalog:KEY[*N],... | cuda | FILE.toml "
                                                    "(default: cuda if GPUs are present, else emu:1.0@4G,0.5@2G)")
     p.add_argument("--global-batch", type=positive_int("--global-batch"), default=32)
@@ -258,32 +266,16 @@ def resolve(args, console):
     known = strategies.names()  # imports the strategy modules, and torch
     names = checks.name_list(args.strategies, "--strategies", known, "strategy") if args.strategies else tuple(known)
 
-    from hetsim.workloads.builtin import BUILTIN, IMAGE_MODELS, default_image_size, load_workload
     from hetsim.workloads.footprint import sample_footprint
 
-    model = args.model
-    if ":" not in model and model not in BUILTIN:
-        raise UnknownNameError("model", model, list(BUILTIN),
-                               " ".join(filter(None, [checks.closest_hint(model, list(BUILTIN)),
-                                                      "Or pass module:function returning a hetsim Workload."])))
-    size = args.image_size
-    if size is not None and ":" not in model and model not in IMAGE_MODELS:
-        raise ConfigError(f"--image-size {size} does not apply to --model {model} (not an image model; image "
-                          f"models: {', '.join(sorted(IMAGE_MODELS))}); drop --image-size")
-    if size is None and ":" not in model:
-        size = default_image_size(model, cluster.source != "cuda")
-        if size:
-            console.print(f"image size {size} px (default for this cluster; set --image-size to change)")
-    if size:
-        checks.image_fits(size, model, max(d.memory_bytes for d in cluster.devices))
-    wl = load_workload(model, size, args.optimizer)
+    wl = _workload(args, cluster, console)
     checks.batch_covers_devices(args.global_batch, len(cluster.devices), args.min_local_batch, wl.has_batchnorm,
                                 wl.name)
     on_gpu = cluster.source == "cuda"
     checks.batch_fits_memory(args.global_batch, sample_footprint(wl), wl.name, [d.memory_bytes for d in cluster.devices],
                              max(d.memory_bytes for d in cluster.devices) if on_gpu else cluster.host_memory_bytes,
                              "the GPU" if on_gpu else "this machine's CPU")
-    notes: list[str] = []
+    notes: list[str] = list(wl.notes)
     if cluster.emulated:
         precisions = tuple(p for p in precisions if p != "fp16") or ("fp32",)  # fp16 autocast is CUDA-only
     storage = args.storage if args.storage is not None else f"journal:{(out / 'hetsim.journal').resolve()}"
@@ -293,12 +285,65 @@ def resolve(args, console):
                           "journal:PATH or --jobs 1")
     study = args.study or default_study_name(wl.spec, cluster.spec, args.global_batch, names)
     launch = Launch(nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint)
-    return Options(model=model, cluster=cluster, workload=wl, global_batch=args.global_batch, strategies=names,
+    return Options(model=args.model, cluster=cluster, workload=wl, global_batch=args.global_batch, strategies=names,
                    trials=args.trials, top_k=args.top_k, steps=args.steps, warmup=args.warmup,
                    timeout_s=args.timeout, storage=storage, jobs=args.jobs, study=study, out=out, execute=not args.no_execute,
                    seed=args.seed, reprofile=args.reprofile, precisions=precisions,
                    min_local_batch=args.min_local_batch, checkpointing=not args.no_checkpointing, launch=launch,
                    notes=tuple(notes), fault=fault, trial_delay_s=args.trial_delay)
+
+
+def _workload(args, cluster, console):
+    """The workload of --model with its size options, printed; every misuse is a ConfigError."""
+    from rich.markup import escape
+
+    from hetsim.errors import ConfigError
+    from hetsim.workloads.builtin import (
+        BUILTIN,
+        IMAGE_MODELS,
+        SEQUENCE_MODELS,
+        SIZED_MODELS,
+        default_image_size,
+        default_size,
+        load_workload,
+    )
+
+    from . import checks
+
+    model = args.model
+    external = ":" in model
+    if not external and model not in BUILTIN:
+        raise UnknownNameError("model", model, list(BUILTIN),
+                               " ".join(filter(None, [checks.closest_hint(model, list(BUILTIN)),
+                                                      "Or pass module:function returning an nn.Module, hf:NAME or "
+                                                      "timm:NAME."])))
+    if args.model_size is not None and model not in SIZED_MODELS:
+        raise ConfigError(f"--model-size {args.model_size} does not apply to --model {model} (models with size "
+                          f"presets: {', '.join(sorted(SIZED_MODELS))}); drop --model-size")
+    if args.seq_len is not None and model not in SEQUENCE_MODELS and not model.startswith("hf:"):
+        raise ConfigError(f"--seq-len {args.seq_len} does not apply to --model {model} (sequence models: "
+                          f"{', '.join(sorted(SEQUENCE_MODELS))}, hf:NAME); drop --seq-len")
+    size = args.image_size
+    if size is not None and not external and model not in IMAGE_MODELS:
+        raise ConfigError(f"--image-size {size} does not apply to --model {model} (not an image model; image "
+                          f"models: {', '.join(sorted(IMAGE_MODELS))}); drop --image-size")
+    if size is None and not external:
+        size = default_image_size(model, cluster.source != "cuda")
+        if size:
+            console.print(f"image size {size} px (default for this cluster; set --image-size to change)")
+    if size:
+        checks.image_fits(size, model, max(d.memory_bytes for d in cluster.devices))
+    preset, seq = default_size(model, cluster.source)
+    wl = load_workload(model, size, args.optimizer, size=args.model_size or preset, seq_len=args.seq_len or seq)
+    if wl.about:
+        defaults = ("" if external or model not in SIZED_MODELS or (args.model_size and (args.seq_len or
+                    model == "vit")) else " (default for this cluster; set --model-size"
+                    + ("" if model == "vit" else " and --seq-len") + " to change)")
+        console.print(escape(wl.about + defaults))
+    for n in wl.notes:
+        console.print(f"[yellow]note:[/] {escape(n)}")
+    checks.model_fits_somewhere(wl, [d.memory_bytes for d in cluster.devices])
+    return wl
 
 
 FAULT_KINDS = ("oom", "kill", "hang", "nan", "raise")

@@ -216,7 +216,8 @@ def _run(opts: Options, console: Console, stop: StopFlag) -> int:
         trials.append(row)
     data = report.ReportData(study=opts.study, model=wl.spec, cluster=cluster, global_batch=opts.global_batch,
                              candidates=rows, baseline=base_row, trials=trials, timeline=timeline,
-                             timeline_label=tl_label, notes=notes, history=history)
+                             timeline_label=tl_label, notes=notes, history=history,
+                             tokens_per_sample=wl.tokens_per_sample)
     folder = report.write(data, opts.out)
     launch_sh = export_plans(folder, rows + [base_row], cluster=cluster, workload=wl.spec, optimizer=wl.optimizer,
                              study=opts.study, launch=opts.launch)
@@ -267,7 +268,7 @@ def knob_notes(rows, cands, opts: Options, cost=None) -> list[str]:
 def _print_table(console: Console, data: report.ReportData) -> None:
     title = "top plans" + (" (EMULATED cluster)" if data.cluster.emulated else "")
     t = Table(title=title)
-    for h in report.HEADER:
+    for h in report.header(data):
         t.add_column(h)
     for row in report.table_rows(data):
         t.add_row(*(escape(c) for c in row))

@@ -7,6 +7,7 @@ as one line and exits with code 2.
 from __future__ import annotations
 
 import difflib
+import os
 import re
 import unicodedata
 import warnings
@@ -205,3 +206,32 @@ def storage_url(storage: str) -> None:
         raise ConfigError(f"--storage {shown(masked_url(storage), 200)} cannot be opened ({why[:500]}); use an "
                           "Optuna storage URL that this machine can open, such as journal:results/hetsim.journal "
                           "or sqlite:///results/hetsim.db") from None
+
+
+def host_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def model_fits_somewhere(wl, device_bytes: list[int]) -> None:
+    """The fp32 training state (parameters, gradients, optimizer state) must fit in the devices and
+    this host together, the most any plan (ZeRO-3 with offload) can spread it over."""
+    import torch
+
+    from hetsim.workloads.base import OPTIMIZER_STATE_PER_PARAM
+
+    try:
+        with torch.device("meta"):  # counted without allocating a byte
+            params = sum(p.numel() for _, b in wl.build_blocks() for p in b.parameters())
+    except Exception:  # a model that cannot be built on the meta device is measured as usual
+        return
+    per_param = 4 * (2 + OPTIMIZER_STATE_PER_PARAM.get(wl.optimizer, 2))
+    need, host = params * per_param, host_memory_bytes()
+    if need > sum(device_bytes) + host:
+        raise ConfigError(
+            f"model {wl.spec}: {params / 1e9:.2f}B parameters need {need / 2**30:.1f} GiB for parameters, gradients "
+            f"and {wl.optimizer} state, more than all {len(device_bytes)} devices "
+            f"({sum(device_bytes) / 2**30:.1f} GiB) and this host ({host / 2**30:.1f} GiB) hold together; "
+            "choose a smaller model (--model-size, hf:...?layers=N&hidden=N) or a larger cluster")

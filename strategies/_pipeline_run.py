@@ -67,7 +67,17 @@ class _Detach(nn.Module):
     """Ends a stage whose output would be a view: torch's zero-bubble schedules refuse views."""
 
     def forward(self, x):
-        return x.clone() if isinstance(x, torch.Tensor) and x._is_view() else x
+        if not isinstance(x, torch.Tensor):
+            return x
+        return x.clone(memory_format=torch.contiguous_format) if x._is_view() else x.contiguous()
+
+
+class _Contiguous(nn.Module):
+    """Ends a stage whose output is not contiguous (torchvision's ViT encoder layers hand on a
+    permuted layout from MultiheadAttention): the stage send refuses it."""
+
+    def forward(self, x):
+        return x.contiguous() if isinstance(x, torch.Tensor) else x
 
 
 class PipelineExecutor:
@@ -114,9 +124,8 @@ class PipelineExecutor:
             apply_checkpointing(seq, max(0, min(hi, checkpoint_blocks) - lo))
             seq.to(ctx.device)
             self.seqs.append(seq)
-            sub: nn.Module = seq
-            if schedule in ZERO_BUBBLE:
-                sub = nn.Sequential(OrderedDict([("stage", seq), ("detach", _Detach())]))
+            end = _Detach() if schedule in ZERO_BUBBLE else _Contiguous()
+            sub: nn.Module = nn.Sequential(OrderedDict([("stage", seq), ("detach", end)]))
             stages.append(PipelineStage(sub, s, n_stages, ctx.device, group=pp_group))
         del full
 

@@ -207,6 +207,12 @@ class Pipeline(Strategy):
     plan_type = PipelinePlan
     display_name = "pipeline / model parallel"
 
+    def unavailable(self, ctx: SearchContext) -> str | None:
+        if ctx.cost.facts.n_blocks < 2:
+            return ("needs a model of at least 2 blocks to cut between; this model is one block (see the note on "
+                    "how it was split)")
+        return None
+
     def space(self, trial, ctx: SearchContext) -> PipelinePlan:
         devices = ordered_devices(trial, ctx)
         schedule = choose_schedule(trial, ctx, len(devices))

@@ -30,6 +30,36 @@ def synthetic_comm(ws: int) -> CommProfile:
                        allgather_s=Fit(intercept=1e-4, slope=0.5e-9), sendrecv_s=Fit(intercept=5e-5, slope=0.5e-9))
 
 
+@pytest.fixture(scope="session")
+def gpt_profile():
+    """A measured profile of the smallest gpt (4 layers, 16 tokens): the contract suite's transformer."""
+    import torch
+
+    from hetsim.profiling.measure import profile_device, profile_model
+    from hetsim.workloads.builtin import workload_from_spec
+
+    torch.set_num_threads(1)
+    wl = workload_from_spec(GPT_SPEC)
+    model = profile_model(wl, "emu-cpu", torch.device("cpu"), (2, 4, 8), ("fp32",), reps=1)
+    return wl, model, profile_device("emu-cpu", torch.device("cpu"))
+
+
+GPT_SPEC = "gpt@tiny@16"
+
+
+@pytest.fixture
+def make_gpt_cost(gpt_profile):
+    wl, model, dev = gpt_profile
+
+    def make(spec: str = "emu:1.0@4G,0.5@4G") -> CostModel:
+        cluster = parse_cluster(spec)
+        ps = ProfileSet(models={"emu-cpu": model}, devices={"emu-cpu": dev},
+                        comm={k: synthetic_comm(k) for k in range(2, max(2, len(cluster.devices)) + 1)})
+        return CostModel(cluster, ps, wl.optimizer)
+
+    return make
+
+
 @pytest.fixture
 def make_cost(gn_profile):
     wl, model, dev = gn_profile

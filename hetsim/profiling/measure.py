@@ -288,11 +288,23 @@ def grad_cosine(workload: Workload, device: torch.device, precision: str, mb: in
     return float(torch.nn.functional.cosine_similarity(ref, low, dim=0))
 
 
+def _cpu_attention_flops(q, k, v, *args, out_shape=None, **kwargs) -> int:
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return sdpa_flop_count(q, k, v)
+
+
 def _flops(fwd: Callable[[], object], mb: int) -> float:
+    """Forward FLOPs per sample.  torch's counter has no formula for the CPU kernel of
+    scaled_dot_product_attention (it counts 0): attention's q·k and p·v FLOPs are added for it."""
     try:
         from torch.utils.flop_counter import FlopCounterMode
 
-        with FlopCounterMode(display=False) as fc:
+        extra = {}
+        cpu_sdpa = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+        if cpu_sdpa is not None:
+            extra[cpu_sdpa] = _cpu_attention_flops
+        with FlopCounterMode(display=False, custom_mapping=extra) as fc:
             fwd()
         return fc.get_total_flops() / mb
     except Exception:  # FLOPs are informative only

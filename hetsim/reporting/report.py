@@ -38,6 +38,8 @@ class ReportData:
     timeline_label: str = ""
     notes: list[str] = field(default_factory=list)
     history: list[tuple[int, float]] = field(default_factory=list)
+    tokens_per_sample: int = 0
+    """Tokens in one sample (sequence models): the table also shows tokens/s.  0: not a sequence model."""
 
 
 def _pred_json(p: Prediction) -> dict:
@@ -143,6 +145,7 @@ def summary(data: ReportData) -> dict:
                     "devices": [{"name": d.name, "kind": d.kind, "memory_bytes": d.memory_bytes, "speed": d.speed}
                                 for d in c.devices]},
         "global_batch": data.global_batch,
+        "tokens_per_sample": data.tokens_per_sample,
         "accuracy": accuracy(rows),
         "candidates": [{"rank": r.rank, "label": r.label, "plan": to_dict(r.plan), "predicted": _pred_json(r.predicted),
                         "measured": _meas_json(r.measured)} for r in data.candidates],
@@ -175,6 +178,7 @@ def table_rows(data: ReportData) -> list[list[str]]:
             r.label,
             _fmt(r.predicted.samples_per_s),
             _fmt(m.samples_per_s if m else None) if m and m.status == "ok" else (m.status if m else "not run"),
+            *_token_cells(data, r),
             _fmt(err_pct(r), "+.1f"),
             _fmt(hs, ".2f") + ("x" if hs else ""),
             _fmt(sp, ".2f") + ("x" if sp else ""),
@@ -185,6 +189,20 @@ def table_rows(data: ReportData) -> list[list[str]]:
 
 
 HEADER = ["#", "plan", "pred samples/s", "meas samples/s", "step err %", "host speed", "speedup", "pred MiB", "meas MiB"]
+TOKEN_HEADER = ["pred tokens/s", "meas tokens/s"]
+
+
+def header(data: ReportData) -> list[str]:
+    """The table's columns: tokens/s beside samples/s for sequence models."""
+    return HEADER[:4] + TOKEN_HEADER + HEADER[4:] if data.tokens_per_sample else list(HEADER)
+
+
+def _token_cells(data: ReportData, r: Row) -> list[str]:
+    if not data.tokens_per_sample:
+        return []
+    m = r.measured
+    meas = _fmt(m.samples_per_s * data.tokens_per_sample, ".0f") if m and m.status == "ok" else "-"
+    return [_fmt(r.predicted.samples_per_s * data.tokens_per_sample, ".0f"), meas]
 HOST_SPEED_NOTE = ("host speed: how fast this machine ran during the run relative to when its profiles were "
                    "recorded, from a fixed probe timed before every step (hetsim.profiling.hostspeed); \"step err %\" "
                    "compares the prediction with the measured step at the profiles' host speed, \"meas "
@@ -328,6 +346,9 @@ def write(data: ReportData, out_root: Path) -> Path:
                      "meas_step_time_at_profile_speed_s": m.step_time_at(r.ref_probe_s) if m else None,
                      "host_speed": host_speed(r),
                      "meas_samples_per_s": m.samples_per_s if m else None,
+                     **({"pred_tokens_per_s": r.predicted.samples_per_s * data.tokens_per_sample,
+                         "meas_tokens_per_s": m.samples_per_s * data.tokens_per_sample if m and m.samples_per_s else None}
+                        if data.tokens_per_sample else {}),
                      "pred_peak_mem_bytes": list(r.predicted.peak_mem_bytes),
                      "meas_peak_mem_bytes": list(m.peak_mem_bytes) if m and m.peak_mem_bytes else None})
     pd.DataFrame(runs).to_csv(out / "runs.csv", index=False)
@@ -374,8 +395,9 @@ def _markdown(data: ReportData, s: dict, figs: dict[str, Path]) -> str:
         lines += ["**Out of memory although predicted to fit:**", ""]
         lines += [f"- {t}; plan `{json.dumps(d['plan'])}`" for t, d in zip(_oom_lines(s), oom)] + [""]
     lines += _banner(data) + [""]
-    lines += [f"- model: `{data.model}`, global batch {data.global_batch}", f"- cluster: {data.cluster.describe()}", ""]
-    lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += [f"- model: `{data.model}`, global batch {data.global_batch}"
+              + (f" ({data.global_batch * data.tokens_per_sample} tokens)" if data.tokens_per_sample else ""), f"- cluster: {data.cluster.describe()}", ""]
+    lines += ["| " + " | ".join(header(data)) + " |", "|" + "---|" * len(header(data))]
     lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in table_rows(data)]
     lines.append("")
     for r in data.candidates + ([data.baseline] if data.baseline else []):
@@ -402,7 +424,7 @@ def _html(data: ReportData, s: dict, figs: dict[str, Path]) -> str:
             f"<li>{e(t)}<br><code>{e(json.dumps(d['plan']))}</code></li>" for t, d in zip(_oom_lines(s), oom)) + "</ul>")
     parts += [f"<p class='warn'>{e(b.replace('**', ''))}</p>" for b in _banner(data)]
     parts.append(f"<p>model <code>{e(data.model)}</code>, global batch {data.global_batch}<br>cluster: {e(data.cluster.describe())}</p>")
-    parts.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in HEADER) + "</tr>")
+    parts.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in header(data)) + "</tr>")
     parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in table_rows(data)]
     parts.append("</table>")
     for r in data.candidates + ([data.baseline] if data.baseline else []):

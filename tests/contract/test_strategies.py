@@ -2,7 +2,8 @@
 
 1. its plans round-trip through JSON;
 2. its simulation is deterministic;
-3. a real run (torchrun, 2 emulated ranks, GroupNorm model) gives the single-process full-batch gradient.
+3. a real run (torchrun, 2 emulated ranks) gives the single-process full-batch gradient, on a GroupNorm
+   ResNet and on the smallest gpt (integer token inputs, embeddings, attention, an LM loss over tokens).
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from hetsim import strategies
 from hetsim.execution.runner import device_dicts, launch
 from hetsim.execution.worker import Job
 from hetsim.serial import to_dict
+from hetsim.workloads.builtin import workload_from_spec
+
+GPT_SPEC = "gpt@tiny@16"  # the conftest gpt_profile fixture profiles this workload
 
 GLOBAL_BATCH = 8
 
@@ -55,9 +59,19 @@ def test_simulation_is_deterministic(make_cost, name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", strategies.names())
 def test_real_run_matches_full_batch_gradient(make_cost, name, tmp_path):
+    _check_real_runs(make_cost, name, "gn_resnet@32", tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", strategies.names())
+def test_gpt_real_run_matches_full_batch_gradient(make_gpt_cost, name, tmp_path):
+    _check_real_runs(make_gpt_cost, name, GPT_SPEC, tmp_path)
+
+
+def _check_real_runs(make_cost, name, spec, tmp_path):
     cost, plans = _examples(make_cost, name)
     for i, plan in enumerate(plans):
-        job = Job(task="grads", plan=to_dict(plan), workload="gn_resnet@32", global_batch=plan.global_batch,
+        job = Job(task="grads", plan=to_dict(plan), workload=spec, global_batch=plan.global_batch,
                   devices=device_dicts(cost.cluster, plan.devices), out_dir=str(tmp_path / f"p{i}"))
         results, tail, timed_out = launch(job, len(plan.devices), timeout_s=180)
         assert not timed_out, tail
@@ -67,11 +81,5 @@ def test_real_run_matches_full_batch_gradient(make_cost, name, tmp_path):
             assert r.grad_rel_err is not None and r.grad_rel_err < 1e-4, (plan, r.rank, r.grad_rel_err)
         # Together the ranks hold a gradient for every parameter of the model.
         covered = set().union(*(set(r.grad_names) for r in results))
-        all_names = {n for n, _ in cost_model_param_names()}
+        all_names = {n for n, _ in workload_from_spec(spec).model().named_parameters()}
         assert covered == all_names, sorted(all_names - covered)
-
-
-def cost_model_param_names():
-    from hetsim.workloads.builtin import load_workload
-
-    return list(load_workload("gn_resnet", 32).model().named_parameters())

@@ -170,6 +170,17 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("user-spec-no-module", ["--model", ":build"], ["':build'", "module:function"]),
     ("user-module-raises", ["--model", "hetsim_bad_user_mod:build"], ["hetsim_bad_user_mod", "ZeroDivisionError"]),
     ("user-function-raises", ["--model", "hetsim_user_mod:raises"], ["raises()", "ValueError", "no blocks today"]),
+    # a user's plain module (tests/assets/user_models.py) and the size options
+    ("user-batch-shapes", ["--model", "user_models:bad_shapes"], ["user_models:bad_shapes", "need 2 samples"]),
+    ("user-loss-not-scalar", ["--model", "user_models:bad_loss"], ["user_models:bad_loss", "one number", ".mean()"]),
+    ("user-module-fails-to-build", ["--model", "user_models:broken"], ["broken()", "fails to build"]),
+    ("model-size-unknown", ["--model", "gpt", "--model-size", "huge"], ["'huge'", "tiny", "xl"]),
+    ("model-size-not-sized", ["--model-size", "tiny"], ["--model-size tiny", "mlp", "gpt"]),
+    ("seq-len-not-sequence", ["--seq-len", "16"], ["--seq-len 16", "mlp", "drop --seq-len"]),
+    ("hf-unknown", ["--model", "hf:gpt5"], ["'gpt5'", "gpt2", "llama"]),
+    ("hf-bad-override", ["--model", "hf:gpt2?layers=0"], ["layers=0", "KEY=N"]),
+    ("model-too-large", ["--model", "hf:llama?layers=400&hidden=16384&heads=128&intermediate=53248"],
+     ["hf:llama", "more than all 2 devices", "this host"]),
 ]
 
 
@@ -182,7 +193,15 @@ def env(tmp_path, monkeypatch):
     (mods / "hetsim_bad_user_mod.py").write_text("1 / 0\n")
     (mods / "hetsim_user_mod.py").write_text("def raises():\n    raise ValueError('no blocks today')\n")
     monkeypatch.syspath_prepend(str(mods))
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "assets"))
     return tmp_path
+
+
+def test_missing_extra_says_how_to_install(env, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if the [hf] extra were not installed
+    rc, out, err = run_main(["--model", "hf:gpt2", "--cluster", CLUSTER, "--out", str(env / "OUT"), "--no-execute"],
+                            capsys)
+    assert_one_error(rc, out, err, "hf:gpt2", "transformers", 'pip install -e ".[hf]"')
 
 
 @pytest.mark.parametrize(("extra", "values"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
