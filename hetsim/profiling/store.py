@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -142,6 +143,26 @@ class ProfileSet:
     devices: dict[str, DeviceProfile] = field(default_factory=dict)
     comm: dict[int, CommProfile] = field(default_factory=dict)
     """By world size."""
+
+
+def safe_name(text: str) -> str:
+    """A device kind or workload spec as a file-name part ('NVIDIA H200' -> 'NVIDIA_H200')."""
+    return re.sub(r"[^A-Za-z0-9_.@-]+", "_", text)
+
+
+def device_file(profiles: Path, kind: str) -> Path:
+    """Where a device kind's microbenchmarks live under a profiles folder."""
+    return Path(profiles) / safe_name(kind) / "device.json"
+
+
+def model_file(profiles: Path, kind: str, model_spec: str) -> Path:
+    """Where a workload's block profile on a device kind lives under a profiles folder."""
+    return Path(profiles) / safe_name(kind) / f"model-{safe_name(model_spec)}.json"
+
+
+def comm_file(profiles: Path, kind: str, world_size: int) -> Path:
+    """Where the collectives of a group of `world_size` ranks live under a profiles folder."""
+    return Path(profiles) / safe_name(kind) / f"comm-{world_size}.json"
 
 
 def group_key(devices) -> str:
