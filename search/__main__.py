@@ -9,6 +9,8 @@ from pathlib import Path
 
 from hetsim.errors import HetsimError, UnknownNameError
 
+from .options import DEFAULT_OUT
+
 
 def positive_int(name: str):
     def conv(text: str) -> int:
@@ -64,7 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--storage", default=None, help="Optuna storage URL (default: sqlite:///OUT/hetsim.db)")
     p.add_argument("--study", default=None, help="study name (also the report folder's name); an existing "
                                                  "study resumes, keeping its trials and real-run measurements")
-    p.add_argument("--out", default="results", help="output folder (profiles, studies, reports)")
+    p.add_argument("--out", default=str(DEFAULT_OUT),
+                   help="output folder: the profiles cache, the study database, real-run logs and reports "
+                        "(default: %(default)s, ignored by git; never results/, whose recordings runs only read)")
     p.add_argument("--no-execute", action="store_true", help="simulate and search only")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reprofile", action="store_true", help="measure profiles again even if recorded ones match")
@@ -117,7 +121,7 @@ def resolve(args, console):
     from hetsim.hardware.cluster import parse_cluster
 
     from . import checks
-    from .app import Options, default_study_name
+    from .options import Options, default_study_name
 
     # Cheap checks first: nothing below measures anything.
     if args.warmup < 2:
@@ -142,6 +146,7 @@ def resolve(args, console):
         raise UnknownNameError("optimizer", args.optimizer, ["adamw", "adam", "sgd"],
                                checks.closest_hint(args.optimizer, ["adamw", "adam", "sgd"]))
     out = Path(args.out)
+    checks.not_the_recordings(out, "--out")
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write-test"

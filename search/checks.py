@@ -9,8 +9,12 @@ from __future__ import annotations
 import difflib
 import re
 import unicodedata
+from pathlib import Path
 
 from hetsim.errors import ConfigError, UnknownNameError
+
+from .golden import RESULTS
+from .options import DEFAULT_OUT
 
 
 def closest_hint(name: str, known: list[str] | tuple[str, ...]) -> str:
@@ -102,3 +106,13 @@ def seed(value: int) -> int:
     if not 0 <= value < 2**32:
         raise ConfigError(f"--seed {value} is outside 0..{2**32 - 1} (numpy's seed range); pick e.g. 0")
     return value
+
+
+def not_the_recordings(out: Path, option: str) -> None:
+    """A run writes its profiles, study and reports under `out`, so `out` must not be the folder of
+    committed recordings (results/ of a checkout: profiles, golden files, bench runs), which the
+    regression tests and the bench read as they were recorded."""
+    if out.resolve() == RESULTS.resolve() or (out / "golden").is_dir():
+        raise ConfigError(f"{option} {str(out)!r} is a folder of committed recordings (profiles, golden files, "
+                          f"bench runs), which a run never writes; leave {option} out (default {DEFAULT_OUT}) "
+                          "or choose another folder")

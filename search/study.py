@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 import optuna
 from hetsim.strategies.base import Plan, SearchContext
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from hetsim import strategies
 from hetsim.errors import ConfigError, InfeasiblePlanError
@@ -126,10 +129,25 @@ def make_objective(ctx: SearchContext, names: list[str]) -> Callable[[optuna.Tri
     return objective
 
 
+def search_step(study: optuna.Study, ctx: SearchContext, names: list[str], trials: int, console: Console,
+                stop: Callable[[], bool]) -> list[Candidate]:
+    """The search step: run the study up to `trials` (a resumed study only the missing ones) behind
+    a progress bar; every distinct feasible plan, best predicted first."""
+    before = len(study.trials)
+    if before:
+        console.print(f"resuming study {escape(repr(study.study_name))}: {before} trials already stored")
+    with Progress(TextColumn("search"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                  transient=True) as prog:
+        task = prog.add_task("trials", total=trials, completed=min(before, trials))
+        run_search(study, ctx, names, trials, callbacks=[lambda s, t: prog.advance(task)], stop=stop)
+    found = feasible_candidates(study)
+    console.print(f"{len(study.trials)} trials, {len(found)} distinct feasible plans")
+    return found
+
+
 def run_search(study: optuna.Study, ctx: SearchContext, names: list[str], trials: int,
                callbacks=(), stop: Callable[[], bool] = lambda: False) -> None:
     objective = make_objective(ctx, names)
-    done = 0
 
     def check_stop(st, tr):
         if stop():
@@ -144,7 +162,6 @@ def run_search(study: optuna.Study, ctx: SearchContext, names: list[str], trials
     remaining = trials - len([t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE])
     if remaining > 0:
         study.optimize(objective, n_trials=remaining, callbacks=[*callbacks, check_stop], catch=(), gc_after_trial=False)
-    del done
 
 
 def seed_trials(study: optuna.Study, ctx: SearchContext, names: list[str]) -> int:
@@ -215,3 +232,19 @@ def stored_measurement(study: optuna.Study, plan: Plan) -> Measurement | None:
 
 def store_measurement(study: optuna.Study, plan: Plan, m: Measurement) -> None:
     study.set_user_attr(MEASURED_PREFIX + plan_key(plan), to_dict(m))
+
+
+def trial_table(study: optuna.Study) -> tuple[list[dict], list[tuple[int, float]]]:
+    """One row per trial for the report's trials.csv, and the optimisation history: (trial number,
+    predicted samples/s) of every feasible trial."""
+    trials, history = [], []
+    for t in study.trials:
+        row = {"number": t.number, "state": t.state.name, "value": t.value, **{f"param_{k}": v for k, v in t.params.items()},
+               "feasible": t.user_attrs.get("constraint", 1.0) <= 0, "infeasible": t.user_attrs.get("infeasible", "")}
+        pred = t.user_attrs.get("prediction")
+        if pred:
+            row.update({"pred_step_time_s": pred["step_time_s"], "pred_peak_mem_bytes": pred["peak_mem_bytes"]})
+            if row["feasible"]:
+                history.append((t.number, pred["samples_per_s"]))
+        trials.append(row)
+    return trials, history
