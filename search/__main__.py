@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 from hetsim.errors import HetsimError, UnknownNameError
 
@@ -145,22 +144,35 @@ def resolve(args, console):
     if args.optimizer is not None and args.optimizer not in ("adamw", "adam", "sgd"):
         raise UnknownNameError("optimizer", args.optimizer, ["adamw", "adam", "sgd"],
                                checks.closest_hint(args.optimizer, ["adamw", "adam", "sgd"]))
-    out = Path(args.out)
-    checks.not_the_recordings(out, "--out")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise ConfigError(f"--out {args.out!r} is not a writable folder ({e.strerror}); choose another") from None
-
+    out = checks.output_folder(args.out, "--out")
     cluster = parse_cluster(args.cluster)
     console.print(escape(cluster.describe()))
     for n in cluster.notes:
         console.print(f"[yellow]note:[/] {escape(n)}")
+    wl = _workload(args, cluster, console)
+    checks.batch_covers_devices(args.global_batch, len(cluster.devices), args.min_local_batch, wl.has_batchnorm,
+                                wl.name)
+    notes: list[str] = []
+    if cluster.emulated:
+        precisions = tuple(p for p in precisions if p != "fp16") or ("fp32",)  # fp16 autocast is CUDA-only
+    storage = args.storage or f"sqlite:///{(out / 'hetsim.db').resolve()}"
+    study = args.study or default_study_name(wl.spec, cluster.spec, args.global_batch, names)
+    launch = Launch(nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint)
+    return Options(model=args.model, cluster=cluster, workload=wl, global_batch=args.global_batch, strategies=names,
+                   trials=args.trials, top_k=args.top_k, steps=args.steps, warmup=args.warmup,
+                   timeout_s=args.timeout, storage=storage, study=study, out=out, execute=not args.no_execute,
+                   seed=args.seed, reprofile=args.reprofile, precisions=precisions,
+                   min_local_batch=args.min_local_batch, checkpointing=not args.no_checkpointing, launch=launch,
+                   notes=tuple(notes), fault=fault)
 
+
+def _workload(args, cluster, console):
+    """The workload of --model (a built-in name or module:function) at its image size, checked
+    against the cluster's largest device."""
+    from hetsim.errors import ConfigError
     from hetsim.workloads.builtin import BUILTIN, IMAGE_MODELS, default_image_size, load_workload
+
+    from . import checks
 
     model = args.model
     if ":" not in model and model not in BUILTIN:
@@ -177,21 +189,7 @@ def resolve(args, console):
             console.print(f"image size {size} px (default for this cluster; set --image-size to change)")
     if size:
         checks.image_fits(size, model, max(d.memory_bytes for d in cluster.devices))
-    wl = load_workload(model, size, args.optimizer)
-    checks.batch_covers_devices(args.global_batch, len(cluster.devices), args.min_local_batch, wl.has_batchnorm,
-                                wl.name)
-    notes: list[str] = []
-    if cluster.emulated:
-        precisions = tuple(p for p in precisions if p != "fp16") or ("fp32",)  # fp16 autocast is CUDA-only
-    storage = args.storage or f"sqlite:///{(out / 'hetsim.db').resolve()}"
-    study = args.study or default_study_name(wl.spec, cluster.spec, args.global_batch, names)
-    launch = Launch(nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint)
-    return Options(model=model, cluster=cluster, workload=wl, global_batch=args.global_batch, strategies=names,
-                   trials=args.trials, top_k=args.top_k, steps=args.steps, warmup=args.warmup,
-                   timeout_s=args.timeout, storage=storage, study=study, out=out, execute=not args.no_execute,
-                   seed=args.seed, reprofile=args.reprofile, precisions=precisions,
-                   min_local_batch=args.min_local_batch, checkpointing=not args.no_checkpointing, launch=launch,
-                   notes=tuple(notes), fault=fault)
+    return load_workload(model, size, args.optimizer)
 
 
 FAULT_KINDS = ("oom", "kill", "hang", "nan", "raise")

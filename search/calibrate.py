@@ -30,7 +30,7 @@ from hetsim.profiling.store import (
     ModelProfile,
     ProfileSet,
     group_key,
-    model_file,
+    model_profile_path,
     save,
 )
 from hetsim.types import Fit
@@ -41,7 +41,7 @@ RESIDUAL = "calib_residual_s"
 
 def calibrate(cluster: Cluster, workload, profiles: ProfileSet, req: ProfileRequest, say: Say = print) -> ProfileSet:
     """Every calibration term the profiles lack for this cluster, measured by real runs and saved
-    into the model profiles under `req.folder`; terms already recorded are reused."""
+    into the model profiles under `req.root`/profiles/; terms already recorded are reused."""
     t0 = time.perf_counter()
     profiles = calibrate_devices(cluster, workload, profiles, req, say)
     if cluster.links is None and len(cluster.devices) > 1 and all(d.backend != "catalog" for d in cluster.devices):
@@ -70,7 +70,7 @@ def calibrate_devices(cluster: Cluster, workload, profiles: ProfileSet, req: Pro
         if dev is None or prof.calib_residual_s is not None or RESIDUAL in prof.calib_failed:
             continue
         models[kind] = calibrate_residual(dev, workload, prof, profiles.devices[kind], sizes, say)
-        save(models[kind], model_file(req.folder, kind, workload.spec))
+        save(models[kind], model_profile_path(req.root, kind, workload.spec))
     return replace(profiles, models=models)
 
 
@@ -149,7 +149,7 @@ def _calibrate_uniform(cluster: Cluster, workload, profiles: ProfileSet, root: P
             prof = replace(prof, **{field: {**getattr(prof, field), key: real - pred.step_time_s}})
         else:
             prof = replace(prof, calib_failed={**prof.calib_failed, tag: m.status})
-        save(prof, model_file(Path(root) / "profiles", kind, workload.spec))
+        save(prof, model_profile_path(root, kind, workload.spec))
         models[kind] = prof
     return replace(profiles, models=models)
 
@@ -228,6 +228,6 @@ def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: P
     models = {}
     for kind, prof in profiles.models.items():
         prof = replace(prof, pipe_action_s={**prof.pipe_action_s, key: fit})
-        save(prof, model_file(Path(root) / "profiles", kind, workload.spec))
+        save(prof, model_profile_path(root, kind, workload.spec))
         models[kind] = prof
     return replace(profiles, models=models)

@@ -116,3 +116,17 @@ def not_the_recordings(out: Path, option: str) -> None:
         raise ConfigError(f"{option} {str(out)!r} is a folder of committed recordings (profiles, golden files, "
                           f"bench runs), which a run never writes; leave {option} out (default {DEFAULT_OUT}) "
                           "or choose another folder")
+
+
+def output_folder(text: str, option: str) -> Path:
+    """The run's output folder, created: not the committed recordings, and writable."""
+    out = Path(text)
+    not_the_recordings(out, option)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"{option} {text!r} is not a writable folder ({e.strerror}); choose another") from None
+    return out

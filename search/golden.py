@@ -44,9 +44,10 @@ from hetsim.profiling.store import (
     DeviceProfile,
     ModelProfile,
     ProfileSet,
-    device_file,
+    device_profile_path,
     load,
-    model_file,
+    model_profile_path,
+    profile_dir,
 )
 from hetsim.serial import to_dict
 from hetsim.workloads.builtin import workload_from_spec
@@ -156,9 +157,9 @@ def accuracy_of(records: Sequence[dict]) -> Accuracy:
 
 def profile_paths(root: Path, model_spec: str, kind: str = REFERENCE_KIND) -> list[Path]:
     """The recorded files a cost model for this workload reads: device, model, collectives."""
-    folder = Path(root) / "profiles"
-    device = device_file(folder, kind)
-    return [device, model_file(folder, kind, model_spec), *sorted(device.parent.glob("comm-*.json"))]
+    base = profile_dir(root, kind)
+    return [device_profile_path(root, kind), model_profile_path(root, kind, model_spec),
+            *sorted(base.glob("comm-*.json"))]
 
 
 def profile_digests(root: Path, model_spec: str, kind: str = REFERENCE_KIND) -> dict[str, str]:
@@ -170,7 +171,6 @@ def profile_digests(root: Path, model_spec: str, kind: str = REFERENCE_KIND) -> 
 def recorded_profiles(root: Path, model_spec: str, kind: str = REFERENCE_KIND):
     """The ProfileSet recorded under root/profiles/ for this workload, without the fingerprint check:
     the point is to replay what was measured on the recording machine, on any machine."""
-
     device, model, *comms = profile_paths(root, model_spec, kind)
     missing = [str(p) for p in (device, model) if not p.exists()]
     if missing:
@@ -215,9 +215,8 @@ CASES: tuple[Case, ...] = (
 )
 
 
-def _context(case: Case, root: Path):
-
-
+def _context(case: Case, root: Path) -> SearchContext:
+    """The case's search context: its cluster (with a fixed host memory) costed from the recorded profiles."""
     cluster = dataclasses.replace(parse_cluster(case.cluster), host_memory_bytes=HOST_MEMORY_BYTES)
     wl = workload_from_spec(case.model, case.optimizer)
     profiles = recorded_profiles(root, case.model)
@@ -235,16 +234,11 @@ def _prediction(strat, plan, cost) -> dict:
 
 
 def _plain(plan) -> dict:
-
     return json.loads(json.dumps(to_dict(plan)))
 
 
 def compute(case: Case, root: Path = RESULTS, families: Sequence[str] | None = None) -> dict:
     """The case's expectation: fixed plans of every family, then the best plan of a seeded search."""
-    import optuna
-
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     ctx = _context(case, root)
     names = list(families) if families is not None else strategies.names()
     fixed: dict[str, list[dict]] = {}
@@ -343,7 +337,6 @@ def golden_path(case: Case, root: Path = RESULTS) -> Path:
 
 def check(case: Case, root: Path = RESULTS) -> tuple[dict, list[str], list[str]]:
     """Compute a case with the families its golden file lists; (now, differences, notes)."""
-
     path = golden_path(case, root)
     if not path.exists():
         now = compute(case, root)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from hetsim.execution.runner import Launch
-from hetsim.execution.worker import Fault
-from hetsim.hardware.cluster import Cluster
-from hetsim.profiling.obtain import ProfileRequest
+if TYPE_CHECKING:  # annotations only: the CLI imports this module for --help, before torch
+    from hetsim.execution.runner import Launch
+    from hetsim.execution.worker import Fault
+    from hetsim.hardware.cluster import Cluster
+    from hetsim.profiling.obtain import ProfileRequest
 
 DEFAULT_OUT = Path("results") / "local"
 """Where a run writes by default: its profiles cache, the study database, real-run logs and
@@ -45,6 +47,8 @@ class Options:
     @property
     def profiling(self) -> ProfileRequest:
         """The profiles this run needs, cached under OUT/profiles/."""
+        from hetsim.profiling.obtain import ProfileRequest  # imports torch: not at --help time
+
         return ProfileRequest(root=self.out, global_batch=self.global_batch, precisions=self.precisions,
                               reprofile=self.reprofile, launch=self.launch)
 

@@ -17,13 +17,14 @@ from hetsim.profiling.store import (
     DeviceProfile,
     ModelProfile,
     ProfileSet,
-    device_file,
+    device_profile_path,
     load,
-    model_file,
+    model_profile_path,
 )
 from hetsim.types import Fit
 
-PROFILES = Path(__file__).resolve().parent / "data" / "profiles"
+RECORDED = Path(__file__).resolve().parent / "data"
+"""Holds profiles/ as a results folder does."""
 
 
 @pytest.fixture(scope="session")
@@ -32,9 +33,9 @@ def gn_profile():
     from hetsim.workloads.builtin import load_workload
 
     wl = load_workload("gn_resnet", 32)
-    model = load(ModelProfile, model_file(PROFILES, "emu-cpu", wl.spec))
+    model = load(ModelProfile, model_profile_path(RECORDED, "emu-cpu", wl.spec))
     assert model.model == wl.spec, f"{model.model} recorded, {wl.spec} loaded: run tests/data/record_profiles.py"
-    return wl, model, load(DeviceProfile, device_file(PROFILES, "emu-cpu"))
+    return wl, model, load(DeviceProfile, device_profile_path(RECORDED, "emu-cpu"))
 
 
 def synthetic_comm(ws: int) -> CommProfile:

@@ -25,10 +25,12 @@ from hetsim.profiling.store import (
     DeviceProfile,
     ModelProfile,
     ProfileSet,
-    comm_file,
-    device_file,
+    comm_fingerprint,
+    comm_profile_path,
+    device_profile_path,
     load,
-    model_file,
+    model_fingerprint,
+    model_profile_path,
     save,
 )
 
@@ -48,10 +50,6 @@ class ProfileRequest:
     """Measure again even where a recorded profile's fingerprint matches."""
     launch: Launch | None = None
     """torchrun settings of the collective benchmark (multi-node runs)."""
-
-    @property
-    def folder(self) -> Path:
-        return Path(self.root) / "profiles"
 
 
 def micro_batch_sizes(global_batch: int, n_devices: int) -> tuple[int, ...]:
@@ -89,14 +87,9 @@ def torch_device(dev: Device | None) -> torch.device:
     return torch.device("cuda", dev.index) if dev is not None and dev.backend == "cuda" else torch.device("cpu")
 
 
-def model_fingerprint(device_fp: dict[str, str], workload, sizes, precisions) -> dict[str, str]:
-    return {**device_fp, "model": workload.spec, "micro_batches": ",".join(map(str, sizes)),
-            "precisions": ",".join(precisions)}
-
-
 def measure_profiles(cluster: Cluster, workload, req: ProfileRequest, say: Say = print) -> ProfileSet:
     """Device and model profiles of every measured device kind, and collectives for groups of 2 and
-    of the whole cluster, each reused from `req.folder` while its fingerprint matches."""
+    of the whole cluster, each reused from `req.root`/profiles/ while its fingerprint matches."""
     t0 = time.perf_counter()
     torch.set_num_threads(1)  # each worker process computes with one thread
     models: dict[str, ModelProfile] = {}
@@ -105,15 +98,15 @@ def measure_profiles(cluster: Cluster, workload, req: ProfileRequest, say: Say =
     for kind in measured_kinds(cluster):
         device = torch_device(next((d for d in cluster.devices if d.kind == kind), None))
         fp = device_fingerprint(kind, device)
-        devices[kind] = load_or_measure(device_file(req.folder, kind), DeviceProfile, fp,
+        devices[kind] = load_or_measure(device_profile_path(req.root, kind), DeviceProfile, fp,
                                         lambda k=kind, d=device: profile_device(k, d), req.reprofile, say)
         models[kind] = load_or_measure(
-            model_file(req.folder, kind, workload.spec), ModelProfile,
-            model_fingerprint(fp, workload, sizes, req.precisions),
+            model_profile_path(req.root, kind, workload.spec), ModelProfile,
+            model_fingerprint(fp, workload.spec, sizes, req.precisions),
             lambda k=kind, d=device: profile_model(workload, k, d, sizes, req.precisions, progress=say),
             req.reprofile, say)
     comm = measure_collectives(cluster, req, say)
-    say(f"profiles ready in {time.perf_counter() - t0:.0f} s ({req.folder})")
+    say(f"profiles ready in {time.perf_counter() - t0:.0f} s ({Path(req.root) / 'profiles'})")
     return ProfileSet(models=models, devices=devices, comm=comm)
 
 
@@ -127,8 +120,8 @@ def measure_collectives(cluster: Cluster, req: ProfileRequest, say: Say) -> dict
     fp = device_fingerprint(kind, torch_device(cluster.devices[0]))
     comm: dict[int, CommProfile] = {}
     for ws in sorted({2, n}):
-        fp_ws = dict(fp, world_size=str(ws))
-        comm[ws] = load_or_measure(comm_file(req.folder, kind, ws), CommProfile, fp_ws,
+        fp_ws = comm_fingerprint(fp, ws)
+        comm[ws] = load_or_measure(comm_profile_path(req.root, kind, ws), CommProfile, fp_ws,
                                    lambda ws=ws, f=fp_ws: commbench(cluster, ws, f, launch_cfg=req.launch),
                                    req.reprofile, say)
     return comm

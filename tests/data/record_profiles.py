@@ -15,10 +15,11 @@ from pathlib import Path
 import torch
 
 from hetsim.profiling.measure import profile_device, profile_model
-from hetsim.profiling.store import device_file, model_file, save
+from hetsim.profiling.store import device_profile_path, model_profile_path, save
 from hetsim.workloads.builtin import load_workload
 
-FOLDER = Path(__file__).resolve().parent / "profiles"
+ROOT = Path(__file__).resolve().parent
+"""Holds profiles/ as a results folder does."""
 KIND = "emu-cpu"
 MODEL, IMAGE_SIZE = "gn_resnet", 32
 MICRO_BATCHES = (2, 4, 8)
@@ -29,9 +30,9 @@ def main() -> None:
     torch.set_num_threads(1)
     wl = load_workload(MODEL, IMAGE_SIZE)
     model = profile_model(wl, KIND, torch.device("cpu"), MICRO_BATCHES, PRECISIONS, reps=1)
-    save(model, model_file(FOLDER, KIND, wl.spec))
-    save(profile_device(KIND, torch.device("cpu")), device_file(FOLDER, KIND))
-    print(f"recorded {model_file(FOLDER, KIND, wl.spec)} and {device_file(FOLDER, KIND)}")
+    save(model, model_profile_path(ROOT, KIND, wl.spec))
+    save(profile_device(KIND, torch.device("cpu")), device_profile_path(ROOT, KIND))
+    print(f"recorded {model_profile_path(ROOT, KIND, wl.spec)} and {device_profile_path(ROOT, KIND)}")
 
 
 if __name__ == "__main__":
