@@ -6,9 +6,10 @@ import argparse
 import os
 import re
 import sys
-from pathlib import Path
 
 from hetsim.errors import HetsimError, UnknownNameError, shown
+
+from .options import DEFAULT_OUT
 
 # Upper bounds of the numeric options, each with its reason (README, "Bad input").  They are
 # checked while parsing, before torch is imported or anything is built, measured or allocated.
@@ -33,6 +34,7 @@ def _too_large(name: str, text: str) -> argparse.ArgumentTypeError:
     limit, why = LIMITS[name]
     return argparse.ArgumentTypeError(f"{name} {shown(text)} is above the limit of {limit:,.0f} ({why}); "
                                       f"use a value up to {limit:,.0f}")
+
 
 
 def positive_int(name: str):
@@ -160,7 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "parallel writers)")
     p.add_argument("--study", type=text_value("--study"), default=None, help="study name (also the report folder's name); an existing "
                                                  "study resumes, keeping its trials and real-run measurements")
-    p.add_argument("--out", type=text_value("--out"), default="results", help="output folder (profiles, studies, reports)")
+    p.add_argument("--out", type=text_value("--out"), default=str(DEFAULT_OUT),
+                   help="output folder: the profiles cache, the study database, real-run logs and reports "
+                        "(default: %(default)s, ignored by git; never results/, whose recordings runs only read)")
     p.add_argument("--no-execute", action="store_true", help="simulate and search only")
     p.add_argument("--seed", type=whole_number("--seed"), default=0)
     p.add_argument("--reprofile", action="store_true", help="measure profiles again even if recorded ones match")
@@ -221,6 +225,7 @@ def resolve(args, console):
     from hetsim.hardware.cluster import parse_cluster
 
     from . import checks
+    from .options import Options, default_study_name
 
     # Cheap checks first: nothing below measures anything.
     if args.warmup < 2:
@@ -243,24 +248,13 @@ def resolve(args, console):
     if args.optimizer is not None and args.optimizer not in ("adamw", "adam", "sgd"):
         raise UnknownNameError("optimizer", args.optimizer, ["adamw", "adam", "sgd"],
                                checks.closest_hint(args.optimizer, ["adamw", "adam", "sgd"]))
-    out = Path(args.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise ConfigError(f"--out {shown(args.out)} is not a writable folder ({e.strerror or e}); choose another") from None
-
+    out = checks.output_folder(args.out, "--out")
     cluster = parse_cluster(args.cluster)
     console.print(escape(cluster.describe()))
     for n in cluster.notes:
         console.print(f"[yellow]note:[/] {escape(n)}")
-
     # Below, torch is imported (the workload, the runner); nothing is measured yet.
     from hetsim.execution.runner import Launch
-
-    from .app import Options, default_study_name
 
     fault = _parse_fault(args.inject_fault) if args.inject_fault else None
     known = strategies.names()  # imports the strategy modules, and torch
@@ -309,6 +303,7 @@ def _workload(args, cluster, console):
     )
 
     from . import checks
+
 
     model = args.model
     external = ":" in model

@@ -11,12 +11,16 @@ import os
 import re
 import unicodedata
 import warnings
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hetsim.errors import ConfigError, UnknownNameError, shown
 
 if TYPE_CHECKING:  # a type only: the footprint module imports torch, and these checks run before it
     from hetsim.workloads.footprint import SampleFootprint
+
+from .golden import RESULTS
+from .options import DEFAULT_OUT
 
 
 def closest_hint(name: str, known: list[str] | tuple[str, ...]) -> str:
@@ -235,3 +239,27 @@ def model_fits_somewhere(wl, device_bytes: list[int]) -> None:
             f"and {wl.optimizer} state, more than all {len(device_bytes)} devices "
             f"({sum(device_bytes) / 2**30:.1f} GiB) and this host ({host / 2**30:.1f} GiB) hold together; "
             "choose a smaller model (--model-size, hf:...?layers=N&hidden=N) or a larger cluster")
+
+
+def not_the_recordings(out: Path, option: str) -> None:
+    """A run writes its profiles, study and reports under `out`, so `out` must not be the folder of
+    committed recordings (results/ of a checkout: profiles, golden files, bench runs), which the
+    regression tests and the bench read as they were recorded."""
+    if out.resolve() == RESULTS.resolve() or (out / "golden").is_dir():
+        raise ConfigError(f"{option} {str(out)!r} is a folder of committed recordings (profiles, golden files, "
+                          f"bench runs), which a run never writes; leave {option} out (default {DEFAULT_OUT}) "
+                          "or choose another folder")
+
+
+def output_folder(text: str, option: str) -> Path:
+    """The run's output folder, created: not the committed recordings, and writable."""
+    out = Path(text)
+    not_the_recordings(out, option)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"{option} {shown(text)} is not a writable folder ({e.strerror or e}); choose another") from None
+    return out

@@ -7,9 +7,13 @@ A case is a cluster, a workload and a seeded, in-memory Optuna search over the
 strategy families, simulated from the profiles recorded under
 results/profiles/ (nothing is measured, nothing is trained).  Its expectation is
 the best plan, its predicted throughput, step time and peak memory per device,
-and the prediction of every family's baseline and example plans.  A deliberate
-change to the cost model or a strategy's simulation therefore shows up as one
-reviewed diff of results/golden/.
+the number of distinct feasible plans, and the prediction of every family's
+baseline and example plans.  A deliberate change to the cost model or a
+strategy's simulation therefore shows up as one reviewed diff of results/golden/.
+The search draws its plans with `study.KeyedRandomSampler`, whose every value
+follows from (seed, trial number, parameter name) through Python's `random`, not
+with TPE: the plans a case visits, and so its expectation, stay the same under
+another Optuna release (the CLI keeps TPE, which finds better plans in fewer trials).
 
 This module also holds the accuracy arithmetic shared by the fidelity bench
 (benchmarks/) and the accuracy gate (tests/regression/): MAPE and Kendall's tau
@@ -28,15 +32,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hetsim.search.calibrate import _safe as safe
-from hetsim.search.study import feasible_candidates, open_study, run_search
+from hetsim.search.study import KeyedRandomSampler, feasible_candidates, open_study, run_search
 from hetsim.strategies.base import SearchContext
 
 from hetsim import strategies
 from hetsim.errors import ConfigError, HetsimError, InfeasiblePlanError
 from hetsim.hardware.cluster import parse_cluster
 from hetsim.model.costmodel import CostModel
-from hetsim.profiling.store import CommProfile, DeviceProfile, ModelProfile, ProfileSet, load
+from hetsim.profiling.store import (
+    CommProfile,
+    DeviceProfile,
+    ModelProfile,
+    ProfileSet,
+    device_profile_path,
+    load,
+    model_profile_path,
+    profile_dir,
+)
 from hetsim.serial import to_dict
 from hetsim.workloads.builtin import workload_from_spec
 
@@ -143,15 +155,11 @@ def accuracy_of(records: Sequence[dict]) -> Accuracy:
 # ----------------------------------------------------------------------------- recorded profiles
 
 
-def _safe(text: str) -> str:
-
-    return safe(text)
-
-
 def profile_paths(root: Path, model_spec: str, kind: str = REFERENCE_KIND) -> list[Path]:
     """The recorded files a cost model for this workload reads: device, model, collectives."""
-    base = Path(root) / "profiles" / _safe(kind)
-    return [base / "device.json", base / f"model-{_safe(model_spec)}.json", *sorted(base.glob("comm-*.json"))]
+    base = profile_dir(root, kind)
+    return [device_profile_path(root, kind), model_profile_path(root, kind, model_spec),
+            *sorted(base.glob("comm-*.json"))]
 
 
 def profile_digests(root: Path, model_spec: str, kind: str = REFERENCE_KIND) -> dict[str, str]:
@@ -163,7 +171,6 @@ def profile_digests(root: Path, model_spec: str, kind: str = REFERENCE_KIND) -> 
 def recorded_profiles(root: Path, model_spec: str, kind: str = REFERENCE_KIND):
     """The ProfileSet recorded under root/profiles/ for this workload, without the fingerprint check:
     the point is to replay what was measured on the recording machine, on any machine."""
-
     device, model, *comms = profile_paths(root, model_spec, kind)
     missing = [str(p) for p in (device, model) if not p.exists()]
     if missing:
@@ -188,7 +195,7 @@ class Case:
     """Workload spec whose profile is recorded under results/profiles/."""
     global_batch: int = 32
     trials: int = 120
-    """Seeded TPE trials (in-memory storage)."""
+    """Seeded `KeyedRandomSampler` trials, own plans included (in-memory storage)."""
     seed: int = 0
     precisions: tuple[str, ...] = ("fp32", "bf16")
     optimizer: str = "adamw"
@@ -208,9 +215,8 @@ CASES: tuple[Case, ...] = (
 )
 
 
-def _context(case: Case, root: Path):
-
-
+def _context(case: Case, root: Path) -> SearchContext:
+    """The case's search context: its cluster (with a fixed host memory) costed from the recorded profiles."""
     cluster = dataclasses.replace(parse_cluster(case.cluster), host_memory_bytes=HOST_MEMORY_BYTES)
     wl = workload_from_spec(case.model, case.optimizer)
     profiles = recorded_profiles(root, case.model)
@@ -228,16 +234,11 @@ def _prediction(strat, plan, cost) -> dict:
 
 
 def _plain(plan) -> dict:
-
     return json.loads(json.dumps(to_dict(plan)))
 
 
 def compute(case: Case, root: Path = RESULTS, families: Sequence[str] | None = None) -> dict:
     """The case's expectation: fixed plans of every family, then the best plan of a seeded search."""
-    import optuna
-
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     ctx = _context(case, root)
     names = list(families) if families is not None else strategies.names()
     fixed: dict[str, list[dict]] = {}
@@ -259,8 +260,8 @@ def compute(case: Case, root: Path = RESULTS, families: Sequence[str] | None = N
             except InfeasiblePlanError as e:
                 rows.append({"label": strat.label(plan), "plan": _plain(plan), "invalid": str(e)})
         fixed[name] = rows
-    study = open_study(f"golden-{case.name}", None, case.seed, resume=False)
-    run_search(study, ctx, names, case.trials, sampler="tpe")
+    study = open_study(f"golden-{case.name}", None, case.seed, resume=False, sampler=KeyedRandomSampler(case.seed))
+    run_search(study, ctx, names, case.trials, sampler="tpe")  # trial by trial on the keyed sampler
     cands = feasible_candidates(study)
     best = None
     if cands:
@@ -336,7 +337,6 @@ def golden_path(case: Case, root: Path = RESULTS) -> Path:
 
 def check(case: Case, root: Path = RESULTS) -> tuple[dict, list[str], list[str]]:
     """Compute a case with the families its golden file lists; (now, differences, notes)."""
-
     path = golden_path(case, root)
     if not path.exists():
         now = compute(case, root)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -147,6 +148,42 @@ class ProfileSet:
 def group_key(devices) -> str:
     """Key of a device group for calibrated group terms: each device's kind and relative speed."""
     return ",".join(f"{d.kind}x{d.speed:g}" for d in devices)
+
+
+# ----------------------------------------------------------------------------- where profiles live
+
+
+def safe_name(text: str) -> str:
+    """A device kind or workload spec as a file-name part."""
+    return re.sub(r"[^A-Za-z0-9_.@-]+", "_", text)
+
+
+def profile_dir(root: str | Path, kind: str) -> Path:
+    """The folder of one device kind's profiles under a results root: ROOT/profiles/KIND."""
+    return Path(root) / "profiles" / safe_name(kind)
+
+
+def device_profile_path(root: str | Path, kind: str) -> Path:
+    return profile_dir(root, kind) / "device.json"
+
+
+def model_profile_path(root: str | Path, kind: str, model_spec: str) -> Path:
+    return profile_dir(root, kind) / f"model-{safe_name(model_spec)}.json"
+
+
+def comm_profile_path(root: str | Path, kind: str, world_size: int) -> Path:
+    return profile_dir(root, kind) / f"comm-{world_size}.json"
+
+
+def model_fingerprint(device_fp: dict[str, str], model_spec: str, micro_batches, precisions) -> dict[str, str]:
+    """A model profile is valid for its device's fingerprint, the workload, and what was measured."""
+    return {**device_fp, "model": model_spec, "micro_batches": ",".join(map(str, micro_batches)),
+            "precisions": ",".join(precisions)}
+
+
+def comm_fingerprint(device_fp: dict[str, str], world_size: int) -> dict[str, str]:
+    """A collective profile is valid for its device's fingerprint and its world size."""
+    return dict(device_fp, world_size=str(world_size))
 
 
 def save(obj, path: str | Path) -> None:

@@ -98,6 +98,7 @@ CASES: list[tuple[str, list[str], list[str]]] = [
      ["sqlite:////nonexistent-dir-hetsim/x.db", "cannot be opened"]),
     ("study-escapes-folder", ["--study", "../escape"], ["'../escape'", "'/'"]),
     ("out-is-a-file", ["--out", "{tmp}/a-file"], ["a-file", "not a writable folder"]),
+    ("out-is-the-recordings", ["--out", str(ROOT / "results")], ["results", "committed recordings", "results/local"]),
     ("nnodes-without-endpoint", ["--nnodes", "2"], ["--nnodes 2", "--rdzv-endpoint"]),
     ("nnodes-words", ["--nnodes", "many"], ["'many'", "MIN:MAX"]),
     ("endpoint-without-port", ["--nnodes", "2", "--rdzv-endpoint", "node0"], ["'node0'", "HOST:PORT"]),
@@ -267,18 +268,52 @@ def test_cluster_file_fifo_does_not_hang(tmp_path, capsys):
     assert_one_error(rc, out, err, "not a regular file")
 
 
-def test_unreadable_cluster_file(tmp_path, capsys):
+def test_unreadable_cluster_file(capsys):
+    """A cluster file without read permission.  Root reads any file, so as root (CI) the CLI runs
+    in a forked child that has dropped to the unprivileged user `nobody` first."""
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        os.chmod(d, 0o755)  # nobody may enter the folder, but not read the file in it
+        path = toml(Path(d), "[[device]]\nspeed = 1.0\nmemory = \"1G\"\n")
+        os.chmod(path, 0)
+        (Path(d) / "OUT").mkdir(mode=0o777)
+        os.chmod(Path(d) / "OUT", 0o777)
+        argv = ["--model", "mlp", "--cluster", path, "--out", str(Path(d) / "OUT")]
+        rc, out, err = run_unprivileged(argv, capsys) if os.geteuid() == 0 else run_main(argv, capsys)
+        assert_one_error(rc, out, err, path, "cannot be read", "Permission denied")
+
+
+def run_unprivileged(argv: list[str], capsys, uid: int = 65534) -> tuple[int, str, str]:
+    """`run_main(argv)` in a forked child running as `uid`.  The child cannot import from root's
+    Python install, so a bad --cluster first makes this process import what the CLI imports
+    before it reads the cluster."""
     import os
 
-    path = toml(tmp_path, "[[device]]\nspeed = 1.0\nmemory = \"1G\"\n")
-    os.chmod(path, 0)
-    try:
-        if os.access(path, os.R_OK):
-            pytest.skip("running as a user who can read any file (root)")
-        rc, out, err = run_main(["--model", "mlp", "--cluster", path, "--out", str(tmp_path / "OUT")], capsys)
-        assert_one_error(rc, out, err, path, "cannot be read")
-    finally:
-        os.chmod(path, 0o600)
+    run_main(["--model", "mlp", "--cluster", "emu:0@1G"], capsys)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop root, run the CLI, send back what it printed
+        code = 1
+        try:
+            os.close(read_fd)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            assert os.geteuid() == uid
+            rc, out, err = run_main(argv, capsys)
+            with os.fdopen(write_fd, "w") as f:
+                json.dump([rc, out, err], f)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    with os.fdopen(read_fd) as f:
+        text = f.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and text, f"the unprivileged child failed ({status})"
+    return tuple(json.loads(text))
 
 
 PROFILE_CASES = [
@@ -314,15 +349,14 @@ def test_storage_is_checked_before_profiling(tmp_path, capsys):
 
 
 def test_stale_fingerprint_is_remeasured_not_an_error(tmp_path):
-    from hetsim.search.calibrate import _load_or
-
+    from hetsim.profiling.obtain import load_or_measure
     from hetsim.profiling.store import DeviceProfile, save
 
     path = tmp_path / "device.json"
     save(DeviceProfile(kind="emu-cpu", fingerprint={"torch": "1.0"}, matmul_flops={"fp32": 1.0}, copy_bps=1.0), path)
     said: list[str] = []
     fresh = DeviceProfile(kind="emu-cpu", fingerprint={"torch": "2.0"}, matmul_flops={"fp32": 2.0}, copy_bps=2.0)
-    got = _load_or(path, DeviceProfile, {"torch": "2.0"}, lambda: fresh, False, said.append)
+    got = load_or_measure(path, DeviceProfile, {"torch": "2.0"}, lambda: fresh, False, said.append)
     assert got == fresh
     assert any("measured for another setup" in s and "'1.0'" in s and "re-measuring" in s for s in said), said
     assert json.loads(path.read_text())["fingerprint"] == {"torch": "2.0"}
