@@ -19,8 +19,7 @@ from hetsim.errors import ConfigError, UnknownNameError, shown
 if TYPE_CHECKING:  # a type only: the footprint module imports torch, and these checks run before it
     from hetsim.workloads.footprint import SampleFootprint
 
-from .golden import RESULTS
-from .options import DEFAULT_OUT
+from .options import DEFAULT_OUT, RESULTS
 
 
 def closest_hint(name: str, known: list[str] | tuple[str, ...]) -> str:

@@ -13,6 +13,8 @@ if TYPE_CHECKING:  # annotations only: the CLI imports this module for --help, b
     from hetsim.hardware.cluster import Cluster
     from hetsim.profiling.obtain import ProfileRequest
 
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+"""The checkout's committed recordings (profiles, golden files, bench runs): read, never written by a run."""
 DEFAULT_OUT = Path("results") / "local"
 """Where a run writes by default: its profiles cache, the study database, real-run logs and
 reports.  Ignored by git, apart from the committed recordings in results/ that runs never write."""
