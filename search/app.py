@@ -22,6 +22,7 @@ from hetsim.hardware.cluster import Cluster
 from hetsim.model.costmodel import CostModel
 from hetsim.profiling.hostspeed import profile_ref
 from hetsim.reporting import report
+from hetsim.reporting.decision import profile_spread
 from hetsim.serial import to_dict
 
 from .export import export_plans
@@ -136,10 +137,12 @@ def _run(opts: Options, console: Console, stop: StopFlag) -> int:
     base_plan = ddp.baseline(ctx)
     base_pred, _, _ = ddp.predict(base_plan, cost)
     ref = profile_ref(profiles.models.values())
+    spread = profile_spread(profiles.models.values())
     rows = [report.Row(rank=i + 1, label=strategies.get(c.plan.strategy).label(c.plan), plan=c.plan,
-                       predicted=c.prediction, measured=None, ref_probe_s=ref) for i, c in enumerate(top)]
+                       predicted=c.prediction, measured=None, ref_probe_s=ref, timing_spread=spread)
+            for i, c in enumerate(top)]
     base_row = report.Row(rank=0, label="uniform baseline: " + ddp.label(base_plan), plan=base_plan, predicted=base_pred,
-                          measured=None, ref_probe_s=ref)
+                          measured=None, ref_probe_s=ref, timing_spread=spread)
     notes = list(cluster.notes) + list(opts.notes)
     if not cands:
         notes.append("no feasible plan was found: " + "; ".join(sorted(set(
