@@ -169,10 +169,11 @@ def profile_model(
     probe = HostProbe() if device.type == "cpu" else None
     probes: list[float] = []
 
-    def probed(fn, reps: int) -> tuple[float, float]:
+    def probed(fn, reps: int) -> tuple[list[float], float]:
+        """Every repetition's time and the host probe taken just before them."""
         p = probe() if probe is not None else 0.0
         probes.append(p)
-        return _median_time(fn, device, reps), p
+        return _times(fn, device, reps), p
 
     for prec in precisions:
         for mb in micro_batches:
@@ -212,7 +213,8 @@ def profile_model(
                     with _autocast(device, prec):
                         return blk(inp)
 
-                tf, p = probed(fwd_train, reps)
+                tfs, p = probed(fwd_train, reps)
+                tf = statistics.median(tfs)
                 tfb = _median_time(fwd_bwd, device, reps)
                 times[prec][k].append((tf, max(tfb - tf, 0.0), p))
                 acts[prec][k].append(float(saved))
@@ -222,9 +224,7 @@ def profile_model(
                 h = fwd().float() if out.is_floating_point() else fwd()
                 del out, grad
             if prec == "fp32":
-                p = probe() if probe is not None else 0.0
-                probes.append(p)
-                ts = _times(lambda x=x, y=y: workload.loss_sum(model(x), y).backward(), device, reps)
+                ts, p = probed(lambda x=x, y=y: workload.loss_sum(model(x), y).backward(), reps)
                 fulls.append((statistics.median(ts), p, len(times[prec][0]) - 1))
                 full_spreads.append(rel_mad(ts))
             model.zero_grad(set_to_none=True)

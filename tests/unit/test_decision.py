@@ -168,3 +168,23 @@ def test_bench_accuracy_carries_the_regret():
     acc = golden.accuracy_of(recs)
     assert acc.n_plans == 3
     assert acc.top1_regret == pytest.approx(1 - 0.24 / 0.3)
+
+
+def test_profile_model_records_the_spread_of_its_whole_model_timings(monkeypatch):
+    import torch
+
+    from hetsim.profiling import measure
+    from hetsim.workloads.builtin import load_workload
+
+    calls = []
+
+    def fake_times(fn, device, reps, warmup=1):  # every repetition set spread by 10 % (relative MAD)
+        fn()
+        calls.append(reps)
+        return [0.010, 0.011, 0.008]
+
+    monkeypatch.setattr(measure, "_times", fake_times)
+    torch.set_num_threads(1)
+    prof = measure.profile_model(load_workload("mlp", 32), "emu-cpu", torch.device("cpu"), (2, 4), ("fp32",))
+    assert calls and prof.timing_spread == pytest.approx(0.1)
+    assert prof.fingerprint["format"] == measure.FORMAT == "4"
