@@ -17,7 +17,8 @@ another Optuna release (the CLI keeps TPE, which finds better plans in fewer tri
 
 This module also holds the accuracy arithmetic shared by the fidelity bench
 (benchmarks/) and the accuracy gate (tests/regression/): MAPE and Kendall's tau
-over recorded predicted-vs-measured pairs, and the bounds they must meet.
+over recorded predicted-vs-measured pairs (Kendall's tau and top-1 regret from
+hetsim.reporting.decision, which the main job's report uses too), and the bounds they must meet.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from hetsim.profiling.store import (
     model_profile_path,
     profile_dir,
 )
+from hetsim.reporting.decision import decision_quality, kendall_tau
 from hetsim.serial import to_dict
 from hetsim.workloads.builtin import workload_from_spec
 
@@ -89,30 +91,6 @@ def mape(pairs: Sequence[tuple[float, float]]) -> float:
     return sum(abs(rel_err(p, m)) for p, m in pairs) / len(pairs)
 
 
-def kendall_tau(xs: Sequence[float], ys: Sequence[float]) -> float:
-    """Kendall's tau-b rank correlation (ties counted as in scipy.stats.kendalltau)."""
-    n = len(xs)
-    if n != len(ys) or n < 2:
-        raise ValueError(f"Kendall's tau needs two equally long series of >= 2 values, got {n} and {len(ys)}")
-    concordant = discordant = ties_x = ties_y = 0
-    for i in range(n):
-        for j in range(i + 1, n):
-            dx = (xs[i] > xs[j]) - (xs[i] < xs[j])
-            dy = (ys[i] > ys[j]) - (ys[i] < ys[j])
-            if dx == 0 and dy == 0:
-                continue
-            if dx == 0:
-                ties_x += 1
-            elif dy == 0:
-                ties_y += 1
-            elif dx == dy:
-                concordant += 1
-            else:
-                discordant += 1
-    denom = math.sqrt((concordant + discordant + ties_x) * (concordant + discordant + ties_y))
-    return (concordant - discordant) / denom if denom else 0.0
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Accuracy:
     """Accuracy of a set of executed plans."""
@@ -122,6 +100,8 @@ class Accuracy:
     step_time_max_err: float
     peak_mem_mape: float
     kendall_tau: float
+    top1_regret: float
+    """1 - measured throughput of the plan predicted fastest / fastest measured (hetsim.reporting.decision)."""
 
     def violations(self) -> list[str]:
         """Each bound the figures break, with the value and the limit."""
@@ -142,6 +122,8 @@ def accuracy_of(records: Sequence[dict]) -> Accuracy:
     if len(ok) < 2:
         raise ValueError(f"accuracy needs >= 2 executed plans, got {len(ok)} of {len(records)}")
     steps = [(r["pred_step_time_s"], r["meas_step_time_s"]) for r in ok]
+    # Throughput as 1 / step time: every plan of a suite has the same global batch, which cancels.
+    decision = decision_quality([(1.0 / p, 1.0 / m) for p, m in steps])
     mems = [(p, m) for r in ok for p, m in zip(r["pred_peak_mem_bytes"], r["meas_peak_mem_bytes"])]
     return Accuracy(
         n_plans=len(ok),
@@ -149,6 +131,7 @@ def accuracy_of(records: Sequence[dict]) -> Accuracy:
         step_time_max_err=max(abs(rel_err(p, m)) for p, m in steps),
         peak_mem_mape=mape(mems),
         kendall_tau=kendall_tau([p for p, _ in steps], [m for _, m in steps]),
+        top1_regret=decision.top1_regret,
     )
 
 

@@ -12,6 +12,7 @@ from hetsim.strategies.base import SearchContext
 from hetsim import strategies
 from hetsim.profiling.hostspeed import profile_ref
 from hetsim.reporting import report
+from hetsim.reporting.decision import profile_spread
 
 from .options import Options
 from .study import Candidate, infeasible_reasons, searchable, trial_table
@@ -39,13 +40,15 @@ class Shortlist:
 def shortlist(found: list[Candidate], ctx: SearchContext, top_k: int) -> Shortlist:
     """The top-k of the search's distinct feasible plans and the uniform data-parallel baseline."""
     ref = profile_ref(ctx.cost.profiles.models.values())
+    spread = profile_spread(ctx.cost.profiles.models.values())
     rows = [report.Row(rank=i + 1, label=strategies.get(c.plan.strategy).label(c.plan), plan=c.plan,
-                       predicted=c.prediction, measured=None, ref_probe_s=ref) for i, c in enumerate(found[:top_k])]
+                       predicted=c.prediction, measured=None, ref_probe_s=ref, timing_spread=spread)
+            for i, c in enumerate(found[:top_k])]
     ddp = strategies.get("ddp")
     base_plan = ddp.baseline(ctx)
     base_pred, _, _ = ddp.predict(base_plan, ctx.cost)
     base = report.Row(rank=0, label="uniform baseline: " + ddp.label(base_plan), plan=base_plan, predicted=base_pred,
-                      measured=None, ref_probe_s=ref)
+                      measured=None, ref_probe_s=ref, timing_spread=spread)
     return Shortlist(candidates=tuple(rows), baseline=base)
 
 

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hetsim.reporting.decision import decision_text, outside, rows_decision
 from hetsim.serial import to_dict
 from hetsim.types import Measurement, Prediction, TimelineEvent
 
@@ -23,6 +24,9 @@ class Row:
     ref_probe_s: float = 0.0
     """The profiles' host-speed probe (hetsim.profiling.hostspeed): a probed run's step is compared with the
     prediction at that host speed.  0: compare raw times (GPUs, unprobed profiles)."""
+    timing_spread: float | None = None
+    """The profiles' relative timing spread (hetsim.reporting.decision.profile_spread; None: unknown):
+    the prediction's interval is derived from it."""
 
 
 @dataclass
@@ -130,6 +134,7 @@ def accuracy(rows: list[Row]) -> dict:
         "peak_mem_mape": sum(merrs) / len(merrs) / 100 if merrs else None,
         "oom_predicted_to_fit": len(oom_fit),
         "oom_predicted_to_fit_plans": [oom_detail(r) for r in oom_fit],
+        **rows_decision(rows),
     }
 
 
@@ -180,6 +185,7 @@ def table_rows(data: ReportData) -> list[list[str]]:
             _fmt(m.samples_per_s if m else None) if m and m.status == "ok" else (m.status if m else "not run"),
             *_token_cells(data, r),
             _fmt(err_pct(r), "+.1f"),
+            {None: "-", False: "yes", True: "OUT"}[outside(r)],
             _fmt(hs, ".2f") + ("x" if hs else ""),
             _fmt(sp, ".2f") + ("x" if sp else ""),
             " / ".join(f"{b / 2**20:.0f}" for b in r.predicted.peak_mem_bytes),
@@ -188,7 +194,7 @@ def table_rows(data: ReportData) -> list[list[str]]:
     return out
 
 
-HEADER = ["#", "plan", "pred samples/s", "meas samples/s", "step err %", "host speed", "speedup", "pred MiB", "meas MiB"]
+HEADER = ["#", "plan", "pred samples/s", "meas samples/s", "step err %", "in interval", "host speed", "speedup", "pred MiB", "meas MiB"]
 TOKEN_HEADER = ["pred tokens/s", "meas tokens/s"]
 
 
@@ -344,7 +350,7 @@ def write(data: ReportData, out_root: Path) -> Path:
                      "pred_step_time_s": r.predicted.step_time_s, "pred_samples_per_s": r.predicted.samples_per_s,
                      "status": m.status if m else "not_run", "meas_step_time_s": m.step_time_s if m else None,
                      "meas_step_time_at_profile_speed_s": m.step_time_at(r.ref_probe_s) if m else None,
-                     "host_speed": host_speed(r),
+                     "host_speed": host_speed(r), "outside_interval": outside(r),
                      "meas_samples_per_s": m.samples_per_s if m else None,
                      **({"pred_tokens_per_s": r.predicted.samples_per_s * data.tokens_per_sample,
                          "meas_tokens_per_s": m.samples_per_s * data.tokens_per_sample if m and m.samples_per_s else None}
@@ -379,7 +385,7 @@ def _accuracy_line(s: dict) -> str:
         return f"Accuracy of this run: no candidate was executed successfully; {oom}"
     return (f"Accuracy of this run: step-time MAPE {a['step_time_mape'] * 100:.1f}% (max {a['step_time_max_err'] * 100:.1f}%) "
             f"over {a['executed_ok']} executed plans; peak-memory MAPE "
-            f"{(a['peak_mem_mape'] or 0) * 100:.1f}%; {oom}")
+            f"{(a['peak_mem_mape'] or 0) * 100:.1f}%; {decision_text(a)}; {oom}")
 
 
 def _oom_lines(s: dict) -> list[str]:
