@@ -138,6 +138,7 @@ def _run(opts: Options, console: Console, stop: StopFlag) -> int:
     ref = profile_ref(profiles.models.values())
     rows = [report.Row(rank=i + 1, label=strategies.get(c.plan.strategy).label(c.plan), plan=c.plan,
                        predicted=c.prediction, measured=None, ref_probe_s=ref) for i, c in enumerate(top)]
+    rows += counterpart_rows(rows, cost, ref)
     base_row = report.Row(rank=0, label="uniform baseline: " + ddp.label(base_plan), plan=base_plan, predicted=base_pred,
                           measured=None, ref_probe_s=ref)
     notes = list(cluster.notes) + list(opts.notes)
@@ -238,6 +239,23 @@ def _run(opts: Options, console: Console, stop: StopFlag) -> int:
                       f"resume with --study {opts.study}[/]")
         return 130
     return 0
+
+
+def counterpart_rows(rows: list[report.Row], cost: CostModel, ref: float) -> list[report.Row]:
+    """Rows for the plans a candidate's family asks to run beside it (`Strategy.counterparts`), each
+    plan once, numbered after the candidates."""
+    seen = [r.plan for r in rows]
+    out: list[report.Row] = []
+    for r in rows:
+        strat = strategies.get(r.plan.strategy)
+        for plan in strat.counterparts(r.plan, cost):
+            if plan in seen:
+                continue
+            seen.append(plan)
+            pred, _, _ = strat.predict(plan, cost)
+            out.append(report.Row(rank=len(rows) + len(out) + 1, label=f"counterpart of #{r.rank}: {strat.label(plan)}",
+                                  plan=plan, predicted=pred, measured=None, ref_probe_s=ref))
+    return out
 
 
 def knob_notes(rows, cands, opts: Options, cost=None) -> list[str]:

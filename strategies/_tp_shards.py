@@ -18,12 +18,13 @@ from dataclasses import dataclass
 from hetsim.errors import InfeasiblePlanError
 from hetsim.workloads.transformer import GPT_PRESETS
 
-REPLICATED_SHARE = 0.08
+REPLICATED_SHARE = 0.05
 """Share of a layer's time that tensor parallelism does not split (LayerNorms, residual adds,
-bias adds of the row-parallel outputs).  Elementwise work over d_model per token against
-~24 d_model^2 + 4 seq d_model matmul flops per token: a few percent by flops, more on CPU where
-elementwise ops run at memory bandwidth; chosen from one gpt@tiny layer timed at full and at half
-width on this host (see strategies/README of the tp family in README.md)."""
+bias adds of the row-parallel outputs).  An estimate, not a measurement: elementwise work over
+d_model per token against ~24 d_model^2 + 4 seq d_model matmul flops per token is a few percent
+by flops, more where elementwise ops run at memory bandwidth.  Timing one gpt@tiny layer at full,
+half and quarter width on the shared 2-core host (load ~16) was too noisy to fit it (it gave
+negative shares); the calibration of a real tp run would be the place to measure it."""
 HIDDEN_GRANULE = 8
 """MLP hidden units are split in multiples of this (whole SIMD vectors; any split is exact)."""
 
