@@ -138,6 +138,7 @@ def _run(opts: Options, console: Console, stop: StopFlag) -> int:
     ref = profile_ref(profiles.models.values())
     rows = [report.Row(rank=i + 1, label=strategies.get(c.plan.strategy).label(c.plan), plan=c.plan,
                        predicted=c.prediction, measured=None, ref_probe_s=ref) for i, c in enumerate(top)]
+    rows += family_best_rows(rows, cands, opts.strategies, ref)
     rows += counterpart_rows(rows, cost, ref)
     base_row = report.Row(rank=0, label="uniform baseline: " + ddp.label(base_plan), plan=base_plan, predicted=base_pred,
                           measured=None, ref_probe_s=ref)
@@ -239,6 +240,21 @@ def _run(opts: Options, console: Console, stop: StopFlag) -> int:
                       f"resume with --study {opts.study}[/]")
         return 130
     return 0
+
+
+def family_best_rows(rows: list[report.Row], cands, names, ref: float) -> list[report.Row]:
+    """The best plan of every searched family that has none in the top-k, so that each family asked
+    for is run at least once (e.g. tensor parallelism beside faster data-parallel plans)."""
+    have = {r.plan.strategy for r in rows}
+    out: list[report.Row] = []
+    for name in names:
+        best = next((c for c in cands if c.plan.strategy == name), None)
+        if best is None or name in have:
+            continue
+        label = f"best {name} plan (outside the top-{len(rows)}): {strategies.get(name).label(best.plan)}"
+        out.append(report.Row(rank=len(rows) + len(out) + 1, label=label, plan=best.plan,
+                              predicted=best.prediction, measured=None, ref_probe_s=ref))
+    return out
 
 
 def counterpart_rows(rows: list[report.Row], cost: CostModel, ref: float) -> list[report.Row]:

@@ -97,9 +97,13 @@ def _dims(cost: CostModel) -> TransformerDims:
 
 
 def speeds(cost: CostModel, dims: TransformerDims) -> list[float]:
-    """Relative speed of every device on one transformer layer (1 / its forward + backward time)."""
-    k = dims.layer_blocks[0]
-    return [1.0 / (cost.fwd_s(d, k, k + 1, 1) + cost.bwd_s(d, k, k + 1, 1)) for d in range(cost.n_devices)]
+    """Relative speed of every device on one transformer layer (1 / its forward + backward time at 8 samples)."""
+    k, mb = dims.layer_blocks[0], 8  # a fitted time at one sample can be ~0 (a negative intercept)
+
+    def layer_s(d: int) -> float:
+        return max(1e-12, cost.fwd_s(d, k, k + 1, mb) + cost.bwd_s(d, k, k + 1, mb))
+
+    return [1.0 / layer_s(d) for d in range(cost.n_devices)]
 
 
 def segment_s(cost: CostModel, dims: TransformerDims, d: int, k: int, mb: float, forward: bool, attn: bool,
