@@ -231,6 +231,11 @@ def solve_shards(cost: CostModel, dims: TransformerDims, groups, micro: int) -> 
 
 def replica_time_s(cost: CostModel, dims: TransformerDims, group, heads, hidden, b: int, accum: int) -> float:
     """A replica's compute and all-reduce time for b samples (the slowest member of every segment)."""
+    key = ("tp_replica_s", tuple(group), tuple(heads), tuple(hidden), b, accum)
+    return cost.memo(key, lambda: _replica_time_s(cost, dims, group, heads, hidden, b, accum))
+
+
+def _replica_time_s(cost: CostModel, dims: TransformerDims, group, heads, hidden, b: int, accum: int) -> float:
     pre, post = _replicated(cost, dims)
     total = 0.0
     for m in even_split(b, accum):
