@@ -10,6 +10,7 @@ from hetsim.strategies.base import SearchContext
 from rich.console import Console
 from rich.markup import escape
 
+from hetsim import strategies
 from hetsim.model.costmodel import CostModel
 from hetsim.profiling.store import ProfileSet
 from hetsim.reporting.console import report_step
@@ -31,7 +32,9 @@ def main_job(opts: Options, console: Console, stop: StopFlag) -> int:
     ctx = search_context(opts, profiles)
     found = search_step(study, ctx, list(opts.strategies), opts.trials, console, stop, jobs=opts.jobs, seed=opts.seed,
                         trial_delay_s=opts.trial_delay_s)
-    plans = real_runs_step(study, shortlist(found, ctx, opts.top_k), opts, console, stop)
+    every_family = set(opts.strategies) != set(strategies.names())  # --strategies named: run each one at least once
+    plans = real_runs_step(study, shortlist(found, ctx, opts.top_k, opts.strategies if every_family else ()), opts,
+                           console, stop)
     folder = report_step(report_data(study, plans, found, ctx, opts), opts.out, console)
     export_step(folder, plans, opts, console)
     return stopped(opts, console) if stop() else 0

@@ -37,13 +37,17 @@ class Shortlist:
         return Shortlist(candidates=tuple(rows[:-1]), baseline=rows[-1])
 
 
-def shortlist(found: list[Candidate], ctx: SearchContext, top_k: int) -> Shortlist:
-    """The top-k of the search's distinct feasible plans and the uniform data-parallel baseline."""
+def shortlist(found: list[Candidate], ctx: SearchContext, top_k: int, families: tuple[str, ...] = ()) -> Shortlist:
+    """The top-k of the search's distinct feasible plans, the best plan of each of `families` that
+    has none among them, the plans their families ask to run beside them (`Strategy.counterparts`,
+    e.g. the even tensor-parallel plan beside an uneven one), and the uniform data-parallel baseline."""
     ref = profile_ref(ctx.cost.profiles.models.values())
     spread = profile_spread(ctx.cost.profiles.models.values())
     rows = [report.Row(rank=i + 1, label=strategies.get(c.plan.strategy).label(c.plan), plan=c.plan,
                        predicted=c.prediction, measured=None, ref_probe_s=ref, timing_spread=spread)
             for i, c in enumerate(found[:top_k])]
+    rows += family_best_rows(rows, found, families, ref, spread)
+    rows += counterpart_rows(rows, ctx.cost, ref, spread)
     ddp = strategies.get("ddp")
     base_plan = ddp.baseline(ctx)
     base_pred, _, _ = ddp.predict(base_plan, ctx.cost)
@@ -127,4 +131,37 @@ def knob_notes(rows, cands, opts: Options, cost=None) -> list[str]:
             out.append(f"{name} was searched ({len(with_knob)} distinct feasible plans used it) but not worth it "
                        f"here: its best plan was predicted at {top:.1f} samples/s against {best:.1f} for the best "
                        "plan, and memory did not force it")
+    return out
+
+
+def family_best_rows(rows: list[report.Row], found: list[Candidate], names, ref: float,
+                     spread: float | None) -> list[report.Row]:
+    """The best plan of every named family that has none in the top-k, so that each family asked
+    for is run at least once (e.g. tensor parallelism beside faster data-parallel plans)."""
+    have = {r.plan.strategy for r in rows}
+    out: list[report.Row] = []
+    for name in names:
+        best = next((c for c in found if c.plan.strategy == name), None)
+        if best is None or name in have:
+            continue
+        label = f"best {name} plan (outside the top-{len(rows)}): {strategies.get(name).label(best.plan)}"
+        out.append(report.Row(rank=len(rows) + len(out) + 1, label=label, plan=best.plan, predicted=best.prediction,
+                              measured=None, ref_probe_s=ref, timing_spread=spread))
+    return out
+
+
+def counterpart_rows(rows: list[report.Row], cost, ref: float, spread: float | None) -> list[report.Row]:
+    """Rows for the plans a candidate's family asks to run beside it (`Strategy.counterparts`), each
+    plan once, numbered after the candidates."""
+    seen = [r.plan for r in rows]
+    out: list[report.Row] = []
+    for r in rows:
+        strat = strategies.get(r.plan.strategy)
+        for plan in strat.counterparts(r.plan, cost):
+            if plan in seen:
+                continue
+            seen.append(plan)
+            pred, _, _ = strat.predict(plan, cost)
+            out.append(report.Row(rank=len(rows) + len(out) + 1, label=f"counterpart of #{r.rank}: {strat.label(plan)}",
+                                  plan=plan, predicted=pred, measured=None, ref_probe_s=ref, timing_spread=spread))
     return out

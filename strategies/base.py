@@ -233,6 +233,11 @@ class Strategy(ABC):
         """The plan a user would run by default with this family (None: no baseline)."""
         return None
 
+    def counterparts(self, plan: Plan, cost: CostModel) -> list[Plan]:
+        """Plans the search should also run when it runs `plan`, to show what its choices bought
+        (tp: the even-shard plan of the same devices beside an uneven one).  Default: none."""
+        return []
+
     def own_plans(self, ctx: SearchContext) -> list[Plan]:
         """The family's own plans: its baseline (when it has one), then its `examples`."""
         base = self.baseline(ctx)

@@ -36,6 +36,11 @@ class Emulator:
         self.throttled_s = 0.0
         self.enabled = True
 
+    def throttle(self, compute_s: float) -> None:
+        """Spin (1/speed - 1) x `compute_s`: for executors that place the throttle themselves (tensor
+        parallelism spins before each collective, not after each block)."""
+        self._sleep_for(compute_s)
+
     def _sleep_for(self, dt: float) -> None:
         if self.enabled and self.factor > 0 and dt > 0:
             extra = self.factor * dt

@@ -71,6 +71,9 @@ def case_ctx(request):
 def test_evaluate_equals_event_simulation(case_ctx, family):
     case, ctx = case_ctx
     strat = strategies.get(family)
+    why = strat.unavailable(ctx)
+    if why is not None:  # tp needs a transformer; these cases are resnet profiles
+        pytest.skip(f"{family} {why}")
     plans = list(strat.own_plans(ctx)) + _sampled_plans(strat, ctx, 150, seed=len(case.name))
     assert plans, f"{family} has no plan on {case.cluster}"
     closed = 0
