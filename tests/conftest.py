@@ -46,16 +46,13 @@ def synthetic_comm(ws: int) -> CommProfile:
 
 @pytest.fixture(scope="session")
 def gpt_profile():
-    """A measured profile of the smallest gpt (4 layers, 16 tokens): the contract suite's transformer."""
-    import torch
-
-    from hetsim.profiling.measure import profile_device, profile_model
+    """The smallest gpt (4 layers, 16 tokens) as recorded: the contract suite's transformer."""
     from hetsim.workloads.builtin import workload_from_spec
 
-    torch.set_num_threads(1)
     wl = workload_from_spec(GPT_SPEC)
-    model = profile_model(wl, "emu-cpu", torch.device("cpu"), (2, 4, 8), ("fp32",), reps=1)
-    return wl, model, profile_device("emu-cpu", torch.device("cpu"))
+    model = load(ModelProfile, model_profile_path(RECORDED, "emu-cpu", wl.spec))
+    assert model.model == wl.spec, f"{model.model} recorded, {wl.spec} loaded: run tests/data/record_profiles.py"
+    return wl, model, load(DeviceProfile, device_profile_path(RECORDED, "emu-cpu"))
 
 
 GPT_SPEC = "gpt@tiny@16"
