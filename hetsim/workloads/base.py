@@ -28,6 +28,13 @@ class Workload:
     has_batchnorm: bool = False
     batch_coupled: bool = False
     """True when the loss couples every sample (InfoNCE): accumulation would change the objective."""
+    batch_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    """Batch-coupled workloads: the mean loss of a whole batch of model outputs (the objective is
+    this over the global batch: every rank's outputs gathered).  `loss_sum` is then this times the
+    batch size, which is the objective only when it sees the whole global batch."""
+    logits_per_sample_sq: int = 0
+    """Batch-coupled workloads: the loss builds about this times B**2 logits for a batch of B
+    (NT-Xent over 2 views: (2B)**2 = 4 B**2; CLIP: one B x B matrix and its transpose)."""
     image_size: int | None = None
     spec: str = ""
     """How to rebuild this workload in a worker: 'resnet50@64', 'gpt@tiny@64' or 'pkg.mod:fn'."""
@@ -51,6 +58,13 @@ class Workload:
 
     def make_optimizer(self, params) -> torch.optim.Optimizer:
         return make_optimizer(self.optimizer, params, self.lr)
+
+    def full_batch_loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The objective of one step given the outputs of the WHOLE global batch: the mean
+        per-sample loss, or a batch-coupled workload's `batch_loss`."""
+        if self.batch_loss is not None:
+            return self.batch_loss(out, y)
+        return self.loss_sum(out, y) / out.shape[0]
 
 
 def make_optimizer(kind: str, params, lr: float) -> torch.optim.Optimizer:

@@ -13,6 +13,7 @@ from torch import nn
 
 from hetsim.errors import ConfigError, UnknownNameError
 from hetsim.workloads.base import OPTIMIZER_STATE_PER_PARAM, Workload, make_optimizer  # noqa: F401 (re-exported)
+from hetsim.workloads.contrastive import clip, simclr
 from hetsim.workloads.ecosystem import ecosystem_workload
 from hetsim.workloads.transformer import BERT_PRESETS, GPT_PRESETS, bert_workload, gpt_workload
 from hetsim.workloads.usermodel import load_user
@@ -126,8 +127,10 @@ BUILTIN = {
     "gpt": lambda size: gpt_workload(),
     "bert": lambda size: bert_workload(),
     "vit": lambda size: vit_workload(image_size=size or None),
+    "simclr": lambda size: simclr(size) if size else simclr(),
+    "clip": lambda size: clip(size) if size else clip(),
 }
-IMAGE_MODELS = {"resnet50", "resnet18", "resnet18_gn", "gn_resnet", "vit"}
+IMAGE_MODELS = {"resnet50", "resnet18", "resnet18_gn", "gn_resnet", "vit", "simclr", "clip"}
 SEQUENCE_MODELS = {"gpt", "bert"}
 SIZED_MODELS = {"gpt": GPT_PRESETS, "bert": BERT_PRESETS, "vit": VIT_PRESETS}
 """Built-in models with size presets (--model-size)."""
@@ -155,6 +158,8 @@ def default_image_size(model: str, emulated: bool) -> int | None:
         return 32
     if model == "vit":
         return None  # the preset's own (--model-size)
+    if model in CONTRASTIVE_IMAGE_SIZE:  # sized for emulated clusters (hetsim.workloads.contrastive)
+        return CONTRASTIVE_IMAGE_SIZE[model]
     if not emulated:
         return 224  # ImageNet's size
     # On emulated (CPU) clusters: small enough that a step of the default batch takes about a
@@ -163,6 +168,7 @@ def default_image_size(model: str, emulated: bool) -> int | None:
     return EMULATED_IMAGE_SIZE.get(model, 64)
 
 
+CONTRASTIVE_IMAGE_SIZE = {"simclr": 96, "clip": 32}
 EMULATED_IMAGE_SIZE = {"resnet18": 128, "resnet18_gn": 128, "resnet50": 64}
 
 
