@@ -29,6 +29,7 @@ from torch import nn
 from hetsim.execution.memtrack import measure_step, peak_breakdown
 
 from ._common import apply_checkpointing, autocast, full_grads
+from ._contrastive import pipeline_loss
 from ._pipeline_sched import ZERO_BUBBLE, rank_stages
 
 
@@ -139,6 +140,9 @@ class PipelineExecutor:
 
         def loss_fn(out, y):
             return wl.loss_sum(out.float(), y) * self.scale
+
+        if wl.batch_coupled:  # one micro-batch per replica (pipeline.check_common): the global batch's loss
+            loss_fn = pipeline_loss(wl, replica_batches, dp_group, 1.0)
 
         cls = get_schedule_class(schedule)
         kw = {"loss_fn": loss_fn}

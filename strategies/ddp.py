@@ -15,12 +15,16 @@ from typing import TYPE_CHECKING
 
 from hetsim.errors import InfeasiblePlanError
 from hetsim.hardware.cluster import interchangeable_groups
-from hetsim.model.memory import data_parallel_memory  # the memory model of ddp and zero
+from hetsim.model.memory import (  # the memory model of ddp and zero
+    CoupledLoss,
+    data_parallel_memory,
+)
 from hetsim.model.simulator import StepTiming, TaskGraph
 from hetsim.types import MemoryBreakdown
 
 from . import register
 from ._common import apply_checkpointing, autocast, full_grads
+from ._contrastive import GlobalBatchLoss
 from ._dp_closed import buckets, data_parallel_timing, micro_sizes
 from .base import Plan, SearchContext, Strategy, WorkerContext, batchnorm_warning
 
@@ -36,10 +40,19 @@ class DDPPlan(Plan):
     """Samples per optimizer step on each plan device (uneven on mismatched devices)."""
     accum_steps: int = 1
     """Gradient-accumulation micro-steps per optimizer step (no_sync on all but the last)."""
+    grad_cache_chunks: int = 1
+    """Batch-coupled (contrastive) losses only, in place of accumulation: the gradient cache's chunks
+    per local batch (1: off).  The loss stays the whole global batch's; each chunk's activations
+    live alone, at the cost of a second forward (hetsim.strategies._contrastive)."""
 
     @property
     def global_batch(self) -> int:
         return sum(self.local_batch)
+
+    @property
+    def chunks(self) -> int:
+        """Micro-steps of a local batch: accumulation steps or gradient-cache chunks (one of them is 1)."""
+        return self.accum_steps * self.grad_cache_chunks
 
 
 def min_max_split(n: int, total: int, floor: int, time_of: Callable[[int, int], float],
@@ -74,13 +87,15 @@ def min_max_split(n: int, total: int, floor: int, time_of: Callable[[int, int], 
 
 def balance_batch(cost: CostModel, devices: tuple[int, ...], global_batch: int, accum: int,
                   precision: str, ckpt: int, min_local: int, *,
-                  memory_fn: Callable[[int, int], MemoryBreakdown] | None = None) -> tuple[int, ...]:
+                  memory_fn: Callable[[int, int], MemoryBreakdown] | None = None,
+                  grad_cache: bool = False) -> tuple[int, ...]:
     """Exact min-max split: each next sample goes to the device that finishes it soonest.
 
     Per-device step time is non-decreasing in its batch, so this greedy is optimal for
     the slowest-device objective.  Memory caps bound each device's share when they can;
     `memory_fn(device, micro_batch)` gives a family's own memory model (default: plain DDP's).
     The greedy itself is `min_max_split`.
+    `grad_cache`: `accum` counts gradient-cache chunks, each forwarded twice.
     """
     n = cost.facts.n_blocks
     floor = max(min_local, accum)
@@ -93,14 +108,14 @@ def balance_batch(cost: CostModel, devices: tuple[int, ...], global_batch: int, 
     fit_memo: dict[tuple[int, int], bool] = {}
 
     def compute_time(d: int, b: int) -> float:
-        t = sum(cost.fwd_s(d, 0, n, m, precision) + cost.bwd_s(d, 0, n, m, precision)
-                + cost.recompute_s(d, 0, n, m, precision, ckpt) + cost.overhead_s(d, m)
+        t = sum(cost.fwd_s(d, 0, n, m, precision) * (2 if grad_cache else 1) + cost.bwd_s(d, 0, n, m, precision)
+                + cost.recompute_s(d, 0, n, m, precision, ckpt) + cost.overhead_s(d, m) * (2 if grad_cache else 1)
                 for m in micro_sizes(b, accum))
         return t + cost.opt_s(d, opt_params)
 
     def step_time(i: int, b: int) -> float:
         d = devices[i]
-        return cost.memo(("ddp_step", d, b, accum, precision, ckpt), lambda: compute_time(d, b))
+        return cost.memo(("ddp_step", d, b, accum, precision, ckpt, grad_cache), lambda: compute_time(d, b))
 
     def fits(i: int, b: int) -> bool:
         d = devices[i]
@@ -154,10 +169,46 @@ def choose_common(trial, ctx: SearchContext, devices: tuple[int, ...]) -> tuple[
 
 
 def choose_accum(trial, ctx: SearchContext) -> int:
-    """Gradient-accumulation steps (always 1 where samples share batch statistics)."""
+    """Gradient-accumulation steps (always 1 where the loss couples the samples: there the
+    gradient cache, `choose_grad_cache`, takes its place)."""
     if ctx.cost.facts.batch_coupled:
         return 1
     return trial.suggest_categorical("accum_steps", [a for a in (1, 2, 4) if a <= ctx.max_accum])
+
+
+GRAD_CACHE_CHOICES = (1, 2, 4, 8)
+"""Gradient-cache chunks the search offers a batch-coupled workload."""
+
+
+def choose_grad_cache(trial, ctx: SearchContext) -> int:
+    """Gradient-cache chunks per local batch: searched like accumulation, for batch-coupled losses only."""
+    if not ctx.cost.facts.batch_coupled:
+        return 1
+    return trial.suggest_categorical("grad_cache_chunks", list(GRAD_CACHE_CHOICES))
+
+
+def check_chunks(plan, cost: CostModel, family: str) -> None:
+    """Accumulation and the gradient cache: each where it keeps the objective (messages name the fix)."""
+    if plan.grad_cache_chunks < 1:
+        raise InfeasiblePlanError(f"{family} plan grad_cache_chunks {plan.grad_cache_chunks} must be >= 1")
+    if cost.facts.batch_coupled and plan.accum_steps > 1:
+        raise InfeasiblePlanError(
+            f"{family} plan accum_steps {plan.accum_steps}: the workload's loss couples every sample of the batch "
+            "(InfoNCE), so accumulating micro-batch losses would optimise a different objective (fewer negatives "
+            "per sample); use grad_cache_chunks instead (the same memory saving, exact, one more forward)"
+        )
+    if not cost.facts.batch_coupled and plan.grad_cache_chunks > 1:
+        raise InfeasiblePlanError(
+            f"{family} plan grad_cache_chunks {plan.grad_cache_chunks}: the gradient cache is for batch-coupled "
+            "losses; a per-sample loss accumulates exactly without its second forward: use accum_steps"
+        )
+    if plan.grad_cache_chunks > 1 and plan.precision == "fp16":
+        raise InfeasiblePlanError("the gradient cache here runs without fp16 loss scaling; use bf16 or fp32")
+    if min(plan.local_batch) < plan.chunks:
+        raise InfeasiblePlanError(
+            f"{family} plan local batches {list(plan.local_batch)} must each be >= {plan.chunks} "
+            "(accum_steps x grad_cache_chunks)"
+        )
 
 
 def local_floor(ctx: SearchContext, accum: int) -> int:
@@ -190,20 +241,29 @@ def _precision_ok(cost: CostModel, dev: int, precision: str) -> bool:
 
 def data_parallel_graph(cost: CostModel, devices: tuple[int, ...], local_batch: tuple[int, ...], accum: int,
                         precision: str, ckpt: int, opt_params: list[float],
-                        extra_before_opt=None) -> TaskGraph:
-    """Per-device micro-steps, DDP bucketed all-reduce after the last backward, optimizer step."""
+                        extra_before_opt=None, grad_cache: bool = False) -> TaskGraph:
+    """Per-device micro-steps, DDP bucketed all-reduce after the last backward, optimizer step.
+
+    A batch-coupled loss gathers every rank's outputs between the forward and the backward (one
+    all-gather of the padded outputs; without the gradient cache its backward moves them back):
+    every rank's backward waits for the slowest forward.  `grad_cache`: `accum` counts chunks, all
+    forwarded once without a graph before the gather, then again, each with its backward."""
     n = cost.facts.n_blocks
     g = TaskGraph()
     bwd_done: dict[tuple[int, int], int] = {}
+    gather = _coupled_gather(g, cost, devices, local_batch, accum, precision, grad_cache)
     for i, d in enumerate(devices):
         res = f"dev{d}"
         micro = micro_sizes(local_batch[i], accum)
         for j, m in enumerate(micro):
-            g.add(res, "F", cost.fwd_s(d, 0, n, m, precision) + cost.overhead_s(d, m), label=f"F{j}")
+            after = [gather] if j == 0 else []
+            if gather is None or grad_cache:  # a plain coupled step ran its forward before the gather
+                g.add(res, "F", cost.fwd_s(d, 0, n, m, precision) + cost.overhead_s(d, m), after, label=f"F{j}")
             last = j == len(micro) - 1
             for k in reversed(range(n)):
                 dur = cost.bwd_s(d, k, k + 1, m, precision) + cost.recompute_s(d, k, k + 1, m, precision, ckpt)
-                tid = g.add(res, "B", dur, label=f"B{j}.{k}")
+                tid = g.add(res, "B", dur, after, label=f"B{j}.{k}")
+                after = []
                 if last:
                     bwd_done[(i, k)] = tid
     group = tuple(devices)
@@ -222,6 +282,33 @@ def data_parallel_graph(cost: CostModel, devices: tuple[int, ...], local_batch: 
     return g
 
 
+def _coupled_gather(g: TaskGraph, cost: CostModel, devices: tuple[int, ...], local_batch: tuple[int, ...],
+                    chunks: int, precision: str, grad_cache: bool) -> int | None:
+    """A batch-coupled loss's forward pass on every device (without a graph under the gradient
+    cache) and the all-gather of the outputs after it; the gather's task id (None: per-sample loss)."""
+    if not cost.facts.batch_coupled:
+        return None
+    n = cost.facts.n_blocks
+    ends = []
+    for i, d in enumerate(devices):
+        sizes = micro_sizes(local_batch[i], chunks) if grad_cache else [local_batch[i]]
+        for j, m in enumerate(sizes):
+            tid = g.add(f"dev{d}", "F", cost.fwd_s(d, 0, n, m, precision) + cost.overhead_s(d, m),
+                        label=f"F{j} no graph" if grad_cache else "F")
+        ends.append(tid)
+    padded = cost.ref.blocks[-1].out_bytes_per_sample * max(local_batch) * len(devices)
+    moves = 1 if grad_cache else 2  # the differentiable gather's backward moves the gradients back
+    return g.add("comm", "allgather", moves * cost.allgather_s(padded, tuple(devices)), ends,
+                 label="gather outputs (global negatives)")
+
+
+def coupled_terms(cost: CostModel, global_batch: int, local: int, grad_cache: bool) -> CoupledLoss | None:
+    """The batch-coupled loss's memory terms of one rank (None for a per-sample loss)."""
+    if not cost.facts.batch_coupled:
+        return None
+    return CoupledLoss(global_batch=global_batch, local_batch=local, grad_cache=grad_cache)
+
+
 @register
 class DDP(Strategy):
     name = "ddp"
@@ -232,8 +319,18 @@ class DDP(Strategy):
         devices = choose_devices(trial, ctx)
         precision, ckpt = choose_common(trial, ctx, devices)
         accum = choose_accum(trial, ctx)
-        local = balance_batch(ctx.cost, devices, ctx.global_batch, accum, precision, ckpt, local_floor(ctx, accum))
-        return DDPPlan(devices=devices, local_batch=local, accum_steps=accum, precision=precision, checkpoint_blocks=ckpt)
+        gc = choose_grad_cache(trial, ctx)
+        chunks = accum * gc
+        cost = ctx.cost
+
+        def memory_of(dev: int, micro: int) -> MemoryBreakdown:
+            return data_parallel_memory(cost, dev, micro, precision, ckpt,
+                                        coupled=coupled_terms(cost, ctx.global_batch, micro * chunks, gc > 1))
+
+        local = balance_batch(cost, devices, ctx.global_batch, chunks, precision, ckpt, local_floor(ctx, chunks),
+                              memory_fn=memory_of, grad_cache=gc > 1)
+        return DDPPlan(devices=devices, local_batch=local, accum_steps=accum, grad_cache_chunks=gc,
+                       precision=precision, checkpoint_blocks=ckpt)
 
     @staticmethod
     def min_local(ctx: SearchContext) -> int:
@@ -244,9 +341,11 @@ class DDP(Strategy):
         n = ctx.cost.n_devices
         devs = tuple(range(n))
         uneven = uneven_split(ctx.global_batch, n)
+        # A batch-coupled loss splits its batch with the gradient cache where others accumulate.
+        split = {"grad_cache_chunks": 2} if ctx.cost.facts.batch_coupled else {"accum_steps": 2}
         return self.buildable(ctx.cost, [
             lambda: self.baseline(ctx),
-            lambda: DDPPlan(devices=devs, local_batch=uneven, accum_steps=2),
+            lambda: DDPPlan(devices=devs, local_batch=uneven, **split),
             lambda: DDPPlan(devices=devs, local_batch=uneven, checkpoint_blocks=ctx.cost.facts.n_blocks // 2),
         ])
 
@@ -265,11 +364,14 @@ class DDP(Strategy):
             raise InfeasiblePlanError(
                 f"ddp plan local batches {list(plan.local_batch)} must each be >= accum_steps ({plan.accum_steps})"
             )
+        check_chunks(plan, cost, "ddp")
 
     def label(self, plan: DDPPlan) -> str:
         s = f"ddp {'/'.join(map(str, plan.local_batch))} on dev {','.join(map(str, plan.devices))}"
         if plan.accum_steps > 1:
             s += f" accum {plan.accum_steps}"
+        if plan.grad_cache_chunks > 1:
+            s += f" grad-cache {plan.grad_cache_chunks}"
         if plan.precision != "fp32":
             s += f" {plan.precision}"
         if plan.checkpoint_blocks:
@@ -277,19 +379,22 @@ class DDP(Strategy):
         return s
 
     def warnings(self, plan: DDPPlan, cost) -> tuple[str, ...]:
-        micro = tuple(-(-b // plan.accum_steps) for b in plan.local_batch)
+        micro = tuple(-(-b // plan.chunks) for b in plan.local_batch)
         msg = batchnorm_warning(cost, plan.devices, micro)
         return (msg,) if msg else ()
 
-    def step_timing(self, plan: DDPPlan, cost) -> StepTiming:
+    def step_timing(self, plan: DDPPlan, cost) -> StepTiming | None:
+        if cost.facts.batch_coupled:  # the outputs' gather and the gradient cache: event simulation only
+            return None
         count = float(cost.param_count())
         return data_parallel_timing(cost, plan.devices, plan.local_batch, plan.accum_steps, plan.precision,
                                     plan.checkpoint_blocks, (count,) * len(plan.devices))
 
     def graph(self, plan: DDPPlan, cost) -> TaskGraph:
         count = cost.param_count()
-        return data_parallel_graph(cost, plan.devices, plan.local_batch, plan.accum_steps, plan.precision,
-                                   plan.checkpoint_blocks, [count] * len(plan.devices))
+        return data_parallel_graph(cost, plan.devices, plan.local_batch, plan.chunks, plan.precision,
+                                   plan.checkpoint_blocks, [count] * len(plan.devices),
+                                   grad_cache=plan.grad_cache_chunks > 1)
 
     def why_never_fits(self, ctx: SearchContext) -> str | None:
         """When no device can hold even the smallest data-parallel footprint (the whole training state,
@@ -316,7 +421,8 @@ class DDP(Strategy):
 
     def memory(self, plan: DDPPlan, cost) -> tuple[MemoryBreakdown, ...]:
         return tuple(
-            data_parallel_memory(cost, d, -(-b // plan.accum_steps), plan.precision, plan.checkpoint_blocks)
+            data_parallel_memory(cost, d, -(-b // plan.chunks), plan.precision, plan.checkpoint_blocks,
+                                 coupled=coupled_terms(cost, plan.global_batch, b, plan.grad_cache_chunks > 1))
             for d, b in zip(plan.devices, plan.local_batch)
         )
 
@@ -336,7 +442,10 @@ class DataParallelExecutor:
         x, y = ctx.workload.make_batch(plan.global_batch, ctx.seed)
         lo = sum(plan.local_batch[: ctx.rank])
         hi = lo + plan.local_batch[ctx.rank]
-        sizes = micro_sizes(hi - lo, plan.accum_steps)
+        sizes = micro_sizes(hi - lo, plan.accum_steps * plan.grad_cache_chunks)
+        # A batch-coupled loss (InfoNCE) is taken over every rank's outputs, gathered (_contrastive).
+        self.coupled = (GlobalBatchLoss(ctx.workload, plan.local_batch, ctx.rank, ctx.device, plan.precision)
+                        if ctx.workload.batch_coupled else None)
         self.micro = [(a.to(ctx.device), b.to(ctx.device)) for a, b in zip(torch.split(x[lo:hi], sizes),
                                                                          torch.split(y[lo:hi], sizes))]
         # DDP and FSDP average over ranks: scaling each rank's loss sum by world/global gives the
@@ -366,9 +475,12 @@ class DataParallelExecutor:
         import contextlib
 
 
-        with autocast(self.ctx.device, self.plan.precision) if low_precision else contextlib.nullcontext():
-            out = module(x)
-        loss = self.ctx.workload.loss_sum(out.float(), y) * self.scale
+        if self.coupled is not None:  # the global batch's loss; the gather's backward needs no scaling
+            loss = self.coupled.plain(module, x, y, low_precision)
+        else:
+            with autocast(self.ctx.device, self.plan.precision) if low_precision else contextlib.nullcontext():
+                out = module(x)
+            loss = self.ctx.workload.loss_sum(out.float(), y) * self.scale
         (self.scaler.scale(loss) if self.scaler else loss).backward()
         return float(loss.detach())
 
@@ -412,6 +524,10 @@ class DDPExecutor(DataParallelExecutor):
         return opt, opt
 
     def _forward_backward(self) -> float:
+        low = self.plan.precision != "fp32"
+        if self.plan.grad_cache_chunks > 1:
+            return self.coupled.grad_cache(self.model, self.ddp, self.micro, self.ddp.no_sync, low,
+                                           self.ctx.world_size)
         total = 0.0
         for j, (x, y) in enumerate(self.micro):
             sync = j == len(self.micro) - 1

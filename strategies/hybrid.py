@@ -266,11 +266,6 @@ class Hybrid(Strategy):
             raise InfeasiblePlanError(
                 f"hybrid plan has {len(plan.replica_batch)} replica batches for replicas({plan.replicas}); give one each"
             )
-        if cost.facts.batch_coupled and plan.replicas > 1:
-            raise InfeasiblePlanError(
-                "the workload's loss couples every sample of the batch; replicas computing it on their own "
-                "shares would change what is optimised"
-            )
         check_common(cost, plan.boundaries, plan.pipeline_ranks, plan.schedule, plan.microbatches,
                      plan.replica_batch, plan.precision)
 

@@ -15,6 +15,7 @@ world_size / global_batch because FSDP averages gradients like DDP does.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -33,9 +34,12 @@ from .ddp import (
     DDPExecutor,
     _precision_ok,
     balance_batch,
+    check_chunks,
     choose_accum,
     choose_common,
     choose_devices,
+    choose_grad_cache,
+    coupled_terms,
     data_parallel_graph,
     local_floor,
     micro_sizes,
@@ -60,14 +64,21 @@ class ZeROPlan(Plan):
     """1: optimizer state sharded; 2: and gradients; 3: and parameters."""
     offload: bool = False
     """Stages 2 and 3: sharded parameters, gradients and optimizer state in host memory (CPUOffloadPolicy)."""
+    grad_cache_chunks: int = 1
+    """Batch-coupled losses only, in place of accumulation: gradient-cache chunks per local batch (ddp's)."""
 
     @property
     def global_batch(self) -> int:
         return sum(self.local_batch)
 
+    @property
+    def chunks(self) -> int:
+        """Micro-steps of a local batch: accumulation steps or gradient-cache chunks (one of them is 1)."""
+        return self.accum_steps * self.grad_cache_chunks
+
     def micro_batches(self) -> tuple[int, ...]:
         """Largest micro-batch of each device (what its activations and BatchNorm see)."""
-        return tuple(-(-b // self.accum_steps) for b in self.local_batch)
+        return tuple(-(-b // self.chunks) for b in self.local_batch)
 
 
 @register
@@ -86,16 +97,19 @@ class ZeRO(Strategy):
         if len(devices) == 1 and not offload:
             raise InfeasiblePlanError("zero on one device shards nothing: that plan is ddp's (or offload it)")
         accum = choose_accum(trial, ctx)
+        gc = choose_grad_cache(trial, ctx)
+        chunks = accum * gc
         cost = ctx.cost
 
         def memory_of(dev: int, micro: int) -> MemoryBreakdown:
             return data_parallel_memory(cost, dev, micro, precision, ckpt, shards=len(devices), zero_stage=stage,
-                                        offload=offload, rank=devices.index(dev))
+                                        offload=offload, rank=devices.index(dev),
+                                        coupled=coupled_terms(cost, ctx.global_batch, micro * chunks, gc > 1))
 
-        local = balance_batch(cost, devices, ctx.global_batch, accum, precision, ckpt, local_floor(ctx, accum),
-                              memory_fn=memory_of)
-        return ZeROPlan(devices=devices, local_batch=local, accum_steps=accum, precision=precision,
-                        checkpoint_blocks=ckpt, zero_stage=stage, offload=offload)
+        local = balance_batch(cost, devices, ctx.global_batch, chunks, precision, ckpt, local_floor(ctx, chunks),
+                              memory_fn=memory_of, grad_cache=gc > 1)
+        return ZeROPlan(devices=devices, local_batch=local, accum_steps=accum, grad_cache_chunks=gc,
+                        precision=precision, checkpoint_blocks=ckpt, zero_stage=stage, offload=offload)
 
     def examples(self, ctx: SearchContext) -> list[ZeROPlan]:
         n = ctx.cost.n_devices
@@ -107,9 +121,10 @@ class ZeRO(Strategy):
         devs = tuple(range(n))
         uneven = uneven_split(ctx.global_batch, n)
         half = ctx.cost.facts.n_blocks // 2
+        split = {"grad_cache_chunks": 2} if ctx.cost.facts.batch_coupled else {"accum_steps": 2}
         return self.buildable(ctx.cost, [
             lambda: ZeROPlan(devices=devs, local_batch=uneven, zero_stage=1),
-            lambda: ZeROPlan(devices=devs, local_batch=uneven, zero_stage=2, accum_steps=2),
+            lambda: ZeROPlan(devices=devs, local_batch=uneven, zero_stage=2, **split),
             lambda: ZeROPlan(devices=devs, local_batch=uneven, zero_stage=3, checkpoint_blocks=half),
             lambda: ZeROPlan(devices=devs, local_batch=uneven, zero_stage=3, offload=True),
         ])
@@ -131,6 +146,7 @@ class ZeRO(Strategy):
             raise InfeasiblePlanError(
                 f"zero plan local batches {list(plan.local_batch)} must each be >= accum_steps ({plan.accum_steps})"
             )
+        check_chunks(plan, cost, "zero")
         if cost.facts.has_batchnorm and min(b // plan.accum_steps for b in plan.local_batch) < 2:
             raise InfeasiblePlanError(
                 f"zero plan local batches {list(plan.local_batch)} in {plan.accum_steps} micro-steps give a "
@@ -163,6 +179,8 @@ class ZeRO(Strategy):
         s += f" on dev {','.join(map(str, plan.devices))}"
         if plan.accum_steps > 1:
             s += f" accum {plan.accum_steps}"
+        if plan.grad_cache_chunks > 1:
+            s += f" grad-cache {plan.grad_cache_chunks}"
         if plan.precision != "fp32":
             s += f" {plan.precision}"
         if plan.checkpoint_blocks:
@@ -178,8 +196,9 @@ class ZeRO(Strategy):
     def memory(self, plan: ZeROPlan, cost) -> tuple[MemoryBreakdown, ...]:
         return tuple(
             data_parallel_memory(cost, d, mb, plan.precision, plan.checkpoint_blocks, shards=len(plan.devices),
-                                 zero_stage=plan.zero_stage, offload=plan.offload, rank=r)
-            for r, (d, mb) in enumerate(zip(plan.devices, plan.micro_batches()))
+                                 zero_stage=plan.zero_stage, offload=plan.offload, rank=r,
+                                 coupled=coupled_terms(cost, plan.global_batch, b, plan.grad_cache_chunks > 1))
+            for r, (d, mb, b) in enumerate(zip(plan.devices, plan.micro_batches(), plan.local_batch))
         )
 
     def step_timing(self, plan: ZeROPlan, cost) -> StepTiming | None:
@@ -209,8 +228,8 @@ class ZeRO(Strategy):
 def _zero1_graph(plan: ZeROPlan, cost: CostModel) -> TaskGraph:
     """DDP's step with each rank stepping only the parameters it owns, then the owners broadcast them."""
     owned = zero1_owned_counts(cost, len(plan.devices))
-    g = data_parallel_graph(cost, plan.devices, plan.local_batch, plan.accum_steps, plan.precision,
-                            plan.checkpoint_blocks, [float(c) for c in owned])
+    g = data_parallel_graph(cost, plan.devices, plan.local_batch, plan.chunks, plan.precision,
+                            plan.checkpoint_blocks, [float(c) for c in owned], grad_cache=plan.grad_cache_chunks > 1)
     opts = [t.tid for t in g.tasks if t.kind == "opt"]
     # ZeroRedundancyOptimizer broadcasts every owner's parameters: all-gather volume of the whole model.
     g.add("comm", "allgather", cost.allgather_s(cost.param_bytes(), tuple(plan.devices)), opts, label="param broadcast")
@@ -232,28 +251,25 @@ def _sharded_graph(plan: ZeROPlan, cost: CostModel) -> TaskGraph:
     last_rs: list[int] = []
     fwd_start: dict[tuple[int, int], int] = {}
     rs_prev: int | None = None
-    for j in range(plan.accum_steps):
-        sizes = [micro_sizes(b, plan.accum_steps)[j] for b in plan.local_batch]
-        # Forward: block k's all-gather is issued at block k's pre-forward; on CUDA the host runs
-        # ahead of the kernels, so it overlaps block k-1's compute; a blocking rank waits for it.
+    chunks = plan.chunks
+    coupled = cost.facts.batch_coupled
+    grad_cache = plan.grad_cache_chunks > 1
+    gather = None
+    if coupled and grad_cache:  # the no-graph pass over every chunk, then the outputs' gather
+        prev: list[int | None] = [None] * shards
+        for j in range(chunks):
+            sizes = [micro_sizes(b, chunks)[j] for b in plan.local_batch]
+            prev = _fsdp_forward(g, cost, plan, sizes, prev, {}, blocking, f"N{j}")
+        gather = _gather_outputs(g, cost, plan, prev, moves=1)
+    for j in range(chunks):
+        sizes = [micro_sizes(b, chunks)[j] for b in plan.local_batch]
         # A blocking rank starts the next micro-step's forward after its last reduce-scatter.
         prev_f: list[int | None] = [rs_prev if blocking else None] * shards
-        for k in range(n):
-            pk = cost.param_bytes(k, k + 1)
-            ag = None
-            if pk:
-                ahead = 1 if blocking else 2
-                deps = [fwd_start.get((i, k - ahead)) for i in range(shards)]
-                ag = g.add("comm", "allgather", cost.allgather_s(pk * wbytes / 4, devs), deps, label=f"AG{j}.{k}")
-            for i, d in enumerate(devs):
-                dur = cost.fwd_s(d, k, k + 1, sizes[i], plan.precision)
-                if k == 0:
-                    dur += cost.overhead_s(d, sizes[i])
-                if plan.offload and pk:
-                    dur += _host_copy_s(cost, d, pk / shards)
-                tid = g.add(f"dev{d}", "F", dur, [ag, prev_f[i]], label=f"F{j}.{k}")
-                fwd_start[(i, k)] = tid
-                prev_f[i] = tid
+        if gather is not None and j == 0:
+            prev_f = [gather] * shards
+        prev_f = _fsdp_forward(g, cost, plan, sizes, prev_f, fwd_start, blocking, str(j))
+        if coupled and not grad_cache:  # every rank's outputs, for the loss, before any backward
+            prev_f = [_gather_outputs(g, cost, plan, prev_f, moves=2)] * shards
         # Backward: ZeRO-3 gathers each block again, the next one while this one computes (FSDP2's
         # backward prefetch: block k-1's all-gather is issued as block k's backward starts); every
         # block's gradient is reduce-scattered after its backward.
@@ -285,7 +301,7 @@ def _sharded_graph(plan: ZeROPlan, cost: CostModel) -> TaskGraph:
             if pk:
                 rs = g.add("comm", "reducescatter", cost.allgather_s(pk, devs), bids, label=f"RS{j}.{k}")
                 rs_prev = rs
-                if j == plan.accum_steps - 1:
+                if j == chunks - 1:
                     last_rs.append(rs)
     # The calibrated contention of a data-parallel group (measured with DDP: ranks computing side
     # by side and gloo progressing on busy cores) applies to FSDP's group as well.
@@ -301,6 +317,41 @@ def _sharded_graph(plan: ZeROPlan, cost: CostModel) -> TaskGraph:
             t += _host_copy_s(cost, d, cost.param_bytes() / shards)  # sharded gradients to the host
         g.add(f"dev{d}", "opt", t, list(last_rs), label="opt")
     return g
+
+
+def _fsdp_forward(g: TaskGraph, cost: CostModel, plan: ZeROPlan, sizes: list[int], prev_f: list[int | None],
+                  fwd_start: dict[tuple[int, int], int], blocking: bool, tag: str) -> list[int | None]:
+    """One forward over every block: block k's all-gather is issued at block k's pre-forward; on
+    CUDA the host runs ahead of the kernels, so it overlaps block k-1's compute; a blocking rank
+    waits for it.  Returns each rank's last forward task."""
+    devs = tuple(plan.devices)
+    wbytes = fsdp_gather_bytes(cost, plan.precision)
+    prev_f = list(prev_f)
+    for k in range(cost.facts.n_blocks):
+        pk = cost.param_bytes(k, k + 1)
+        ag = None
+        if pk:
+            ahead = 1 if blocking else 2
+            deps = [fwd_start.get((i, k - ahead)) for i in range(len(devs))]
+            ag = g.add("comm", "allgather", cost.allgather_s(pk * wbytes / 4, devs), deps, label=f"AG{tag}.{k}")
+        for i, d in enumerate(devs):
+            dur = cost.fwd_s(d, k, k + 1, sizes[i], plan.precision)
+            if k == 0:
+                dur += cost.overhead_s(d, sizes[i])
+            if plan.offload and pk:
+                dur += _host_copy_s(cost, d, pk / len(devs))
+            tid = g.add(f"dev{d}", "F", dur, [ag, prev_f[i]], label=f"F{tag}.{k}")
+            fwd_start[(i, k)] = tid
+            prev_f[i] = tid
+    return prev_f
+
+
+def _gather_outputs(g: TaskGraph, cost: CostModel, plan: ZeROPlan, after: list[int | None], moves: int) -> int:
+    """The batch-coupled loss's all-gather of every rank's (padded) outputs (`moves` 2: and its
+    backward, which moves the gradients back)."""
+    padded = cost.ref.blocks[-1].out_bytes_per_sample * max(plan.local_batch) * len(plan.devices)
+    return g.add("comm", "allgather", moves * cost.allgather_s(padded, tuple(plan.devices)), after,
+                 label="gather outputs (global negatives)")
 
 
 def _host_copy_s(cost: CostModel, dev: int, nbytes: float) -> float:
@@ -374,6 +425,9 @@ class FSDPExecutor(DataParallelExecutor):
             self.scaler = ShardedGradScaler()  # all-reduces found-inf across the shards
 
     def _forward_backward(self) -> float:
+        if self.plan.grad_cache_chunks > 1:  # FSDP reduce-scatters every chunk's gradients
+            return self.coupled.grad_cache(self.model, self.model, self.micro, contextlib.nullcontext,
+                                           self.autocast, self.ctx.world_size)
         return sum(self._micro_step(self.model, x, y, self.autocast) for x, y in self.micro)
 
     def measure_memory(self, fn) -> MemoryBreakdown:

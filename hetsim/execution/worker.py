@@ -214,13 +214,14 @@ def run_job(job: Job, build_executor: BuildExecutor) -> RankResult:
 
 
 def _reference_grads(wl, global_batch: int, seed: int):
-    """Single-process full-batch gradient (mean loss over the global batch)."""
+    """Single-process full-batch gradient: of the mean per-sample loss over the global batch, or of
+    a batch-coupled workload's loss (InfoNCE) over the whole global batch at once."""
     import torch
 
     torch.manual_seed(0)
     model = wl.model()
     x, y = wl.make_batch(global_batch, seed)
-    (wl.loss_sum(model(x), y) / global_batch).backward()
+    wl.full_batch_loss(model(x), y).backward()
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 

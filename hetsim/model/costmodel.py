@@ -35,6 +35,8 @@ class ModelFacts:
     has_batchnorm: bool
     batch_coupled: bool
     optimizer: str
+    logits_per_sample_sq: int = 0
+    """Batch-coupled losses: logits of a batch of B are about this times B**2 (Workload field)."""
 
 
 MIN_GRAD_COSINE = 0.9
@@ -45,7 +47,7 @@ under bf16 CPU autocast gave 0.19: a different direction, not rounding."""
 
 class CostModel:
     def __init__(self, cluster: Cluster, profiles: ProfileSet, optimizer: str = "adamw", *,
-                 has_batchnorm: bool = False, batch_coupled: bool = False):
+                 has_batchnorm: bool = False, batch_coupled: bool = False, logits_per_sample_sq: int = 0):
         self.cluster = cluster
         self.profiles = profiles
         self.optimizer = optimizer
@@ -54,7 +56,8 @@ class CostModel:
         self._ref_kind = next(iter(profiles.models))
         self.ref = profiles.models[self._ref_kind]
         self.facts = ModelFacts(
-            n_blocks=len(self.ref.blocks), has_batchnorm=has_batchnorm, batch_coupled=batch_coupled, optimizer=optimizer
+            n_blocks=len(self.ref.blocks), has_batchnorm=has_batchnorm, batch_coupled=batch_coupled, optimizer=optimizer,
+            logits_per_sample_sq=logits_per_sample_sq,
         )
         self._scale = [self._device_scale(d) for d in cluster.devices]
         self._param_total = sum(b.param_count for b in self.ref.blocks)
