@@ -52,7 +52,7 @@ def search_context(opts: Options, profiles: ProfileSet) -> SearchContext:
     """The cost model of this cluster and workload, and what the search may choose."""
     wl = opts.workload
     cost = CostModel(opts.cluster, profiles, wl.optimizer, has_batchnorm=wl.has_batchnorm,
-                     batch_coupled=wl.batch_coupled)
+                     batch_coupled=wl.batch_coupled, logits_per_sample_sq=wl.logits_per_sample_sq)
     return SearchContext(cost=cost, global_batch=opts.global_batch, precisions=opts.precisions,
                          checkpointing=opts.checkpointing, min_local_batch=opts.min_local_batch)
 

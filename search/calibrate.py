@@ -186,7 +186,8 @@ def _calibrate_uniform(cluster: Cluster, workload, profiles: ProfileSet, root: P
         say(f"{what.split(':')[0]} calibration failed before ({failed}), not repeated (--reprofile measures "
             f"again); {fallback}")
         return profiles
-    cost = CostModel(cluster, profiles, workload.optimizer, has_batchnorm=workload.has_batchnorm)
+    cost = CostModel(cluster, profiles, workload.optimizer, has_batchnorm=workload.has_batchnorm,
+                     batch_coupled=workload.batch_coupled)
     plan = strat.baseline(SearchContext(cost=cost, global_batch=max(4 * len(cluster.devices), 16)))
     if plan is None:
         return profiles
@@ -234,7 +235,8 @@ def calibration_pipeline_plans(cost, global_batch: int, min_micro: int) -> list:
     P = len(cost.cluster.devices)
     out = []
     ms = [m for m in (2 * P, P, 2) if global_batch % m == 0 and global_batch // m >= min_micro]
-    for m in [1] + ms[:1]:
+    # A batch-coupled loss is only ever pipelined with one micro-batch (more would change its objective).
+    for m in [1] + ([] if cost.facts.batch_coupled else ms[:1]):
         try:
             out.append(Pipeline().solve(cost, tuple(range(P)), schedule="1F1B" if m >= P else "GPipe",
                                         microbatches=m, batch=global_batch))
@@ -258,7 +260,7 @@ def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: P
     def cost_with(fit: Fit) -> CostModel:
         models = {k: replace(p, pipe_action_s={**p.pipe_action_s, key: fit}) for k, p in profiles.models.items()}
         return CostModel(cluster, replace(profiles, models=models), workload.optimizer,
-                         has_batchnorm=workload.has_batchnorm)
+                         has_batchnorm=workload.has_batchnorm, batch_coupled=workload.batch_coupled)
 
     zero = Fit(intercept=0.0, slope=0.0)
     cost0 = cost_with(zero)

@@ -14,6 +14,7 @@ from hetsim.profiling.hostspeed import profile_ref
 from hetsim.reporting import report
 from hetsim.reporting.decision import profile_spread
 
+from .coupled import coupled_notes
 from .options import Options
 from .study import Candidate, infeasible_reasons, searchable, trial_table
 
@@ -86,6 +87,7 @@ def notes(study: optuna.Study, plans: Shortlist, found: list[Candidate], ctx: Se
     if opts.execute and not opts.cluster.calibrated:
         out.append("catalog cluster: plans were simulated only (nothing to run them on)")
     out += knob_notes(list(plans.candidates), found, opts, ctx.cost)
+    out += coupled_notes(opts.workload.name, [r.plan for r in plans.candidates], ctx.cost, opts.global_batch)
     if any(report.host_speed(r) is not None for r in plans.rows):
         out.append(report.HOST_SPEED_NOTE)
     return out

@@ -243,7 +243,8 @@ class Hybrid(Strategy):
             # Degenerate shapes that still run every piece on two ranks: replicas of a one-stage
             # pipeline (gradient all-reduce over the stage group, uneven batch), and one replica of a two-stage
             # pipeline (pipeline groups, per-stage groups of one).
-            m2 = 2 if gb % 2 == 0 and gb // 2 >= 2 * mm else 1
+            coupled = cost.facts.batch_coupled  # one micro-batch keeps a coupled loss exact
+            m2 = 2 if gb % 2 == 0 and gb // 2 >= 2 * mm and not coupled else 1
             builders.append(lambda: self.solve(cost, devs[:2], replicas=2, schedule="GPipe", microbatches=m2,
                                                global_batch=gb, min_micro_size=mm))
             uneven = (gb - 3 * gb // 8, 3 * gb // 8)  # 5/3 of 8: the fast device takes more
@@ -251,8 +252,9 @@ class Hybrid(Strategy):
                 builders.append(lambda: HybridPlan(devices=devs[:2], replicas=2, boundaries=(0, nb), schedule="GPipe",
                                                    microbatches=1, replica_batch=uneven, checkpoint_blocks=nb // 2))
             if nb >= 2 and gb % 2 == 0:
-                builders.append(lambda: self.solve(cost, devs[:2], replicas=1, schedule="1F1B", microbatches=2,
-                                                   global_batch=gb, min_micro_size=mm))
+                builders.append(lambda: self.solve(cost, devs[:2], replicas=1, schedule="1F1B",
+                                                   microbatches=1 if coupled else 2, global_batch=gb,
+                                                   min_micro_size=mm))
         # On a tight cluster the solver may find no boundaries that fit: that example is left out.
         return self.buildable(cost, builders)
 

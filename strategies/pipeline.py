@@ -8,6 +8,12 @@ is the one-micro-batch case (GPipe, m = 1), and its label says "model parallel".
 
 Simulation times the per-rank action lists the executor's torch schedule runs;
 real runs use `torch.distributed.pipelining` (`PipelineStage` + schedule class).
+
+Batch-coupled (contrastive) losses: torch's schedules call the loss once per micro-batch on the
+last stage and backpropagate each micro-batch's loss on its own, so an InfoNCE over the whole batch
+exists only with one micro-batch: such workloads get one micro-batch per pipeline (model
+parallelism; the outputs come out of the last stage, where `hybrid` replicas also gather each
+other's).  A gradient cache through a pipeline would need a schedule of its own and is not offered.
 """
 
 from __future__ import annotations
@@ -177,7 +183,7 @@ def check_common(cost: CostModel, boundaries, n_ranks: int, schedule: str, micro
     if cost.facts.batch_coupled and microbatches > 1:
         raise InfeasiblePlanError(
             f"the workload's loss couples every sample of the batch; {microbatches} micro-batches would "
-            "change what is optimised: use 1 micro-batch"
+            "change what is optimised (torch's schedules take a loss per micro-batch): use 1 micro-batch"
         )
     if precision == "fp16":
         raise InfeasiblePlanError("fp16 needs loss scaling, which pipelined runs here do not do; use bf16 or fp32")
