@@ -24,6 +24,11 @@ step (step index 1), when the optimizer state already exists.  The model is
   block from its forward to its backward; ZeRO-3 gathers each block again in backward and
   prefetches the next one.  (`_fsdp_phases` lists the phases.)
 
+- **Batch-coupled losses** (`CoupledLoss`): the gathered outputs of the global batch, their
+  gradient and the InfoNCE logits (quadratic in the global batch) at the start of backward; with
+  the gradient cache, activations of one chunk only, plus the embedding cache (this rank's outputs
+  and their gradients) through every chunk, and the loss in a phase of its own.
+
 Mixed precision: hetsim's executors keep fp32 parameters as the master copy at every precision
 (torch.autocast; FSDP2's MixedPrecisionPolicy shards fp32 parameters), so resident state is
 4 (params) + 4 (grads) + 4·s (optimizer) bytes per parameter (`FP32_MASTER`).  The 2-byte working
