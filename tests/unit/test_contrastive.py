@@ -100,3 +100,13 @@ def test_search_offers_grad_cache_not_accumulation(coupled_cost):
         seen.add(plan.grad_cache_chunks)
         study.tell(trial, 1.0)
     assert seen - {1}
+
+
+def test_report_says_why_no_accumulation_and_what_the_cache_costs(coupled_cost, make_cost):
+    from hetsim.search.coupled import coupled_notes
+
+    lines = coupled_notes("simclr", [], coupled_cost, 32)
+    assert len(lines) == 2
+    assert "accumulation is not offered" in lines[0] and "fewer negatives" in lines[0]
+    assert "second forward" in lines[1] and "embedding cache" in lines[1]
+    assert coupled_notes("gn_resnet", [], make_cost(), 32) == []
