@@ -185,7 +185,10 @@ class _Carry(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         main = x[:, : x.shape[1] - self.carry].unflatten(1, self.shape)
         out = self.inner(main)
-        return torch.cat([out.flatten(1), x[:, x.shape[1] - self.carry:].to(out.dtype)], dim=1)
+        carried = x[:, x.shape[1] - self.carry:]
+        # Never narrow the carried columns (token ids in bf16 would lose their integer values).
+        dtype = torch.promote_types(out.dtype, carried.dtype)
+        return torch.cat([out.flatten(1).to(dtype), carried.to(dtype)], dim=1)
 
 
 class _ImageHead(nn.Module):
@@ -208,7 +211,7 @@ class _TextEmbed(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         img, tok = x[:, : self.dim], x[:, self.dim:]
-        h = self.embed(tok.detach().round().long())
+        h = self.embed(tok.detach().round().long().clamp(0, self.embed.tok.num_embeddings - 1))
         return torch.cat([h.flatten(1), img.to(h.dtype)], dim=1)
 
 
@@ -226,7 +229,7 @@ class _TextHead(nn.Module):
         h = x[:, : self.seq * self.d_model].unflatten(1, (self.seq, self.d_model))
         txt = self.proj(self.ln(h[:, -1]))
         img = x[:, self.seq * self.d_model:]
-        return torch.stack([img.to(txt.dtype), txt], dim=1)
+        return torch.stack([img.float(), txt.float()], dim=1)
 
 
 def image_text_pairs(image_size: int, cfg: GPTConfig):
