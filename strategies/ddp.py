@@ -15,16 +15,14 @@ from typing import TYPE_CHECKING
 
 from hetsim.errors import InfeasiblePlanError
 from hetsim.hardware.cluster import interchangeable_groups
-from hetsim.model.memory import (  # the memory model of ddp and zero
-    CoupledLoss,
-    data_parallel_memory,
-)
+from hetsim.model.memory import data_parallel_memory  # the memory model of ddp and zero
 from hetsim.model.simulator import StepTiming, TaskGraph
 from hetsim.types import MemoryBreakdown
 
 from . import register
 from ._common import apply_checkpointing, autocast, full_grads
 from ._contrastive import GlobalBatchLoss
+from ._coupled import check_chunks, choose_grad_cache, coupled_gather, coupled_terms
 from ._dp_closed import buckets, data_parallel_timing, micro_sizes
 from .base import Plan, SearchContext, Strategy, WorkerContext, batchnorm_warning
 
@@ -176,41 +174,6 @@ def choose_accum(trial, ctx: SearchContext) -> int:
     return trial.suggest_categorical("accum_steps", [a for a in (1, 2, 4) if a <= ctx.max_accum])
 
 
-GRAD_CACHE_CHOICES = (1, 2, 4, 8)
-"""Gradient-cache chunks the search offers a batch-coupled workload."""
-
-
-def choose_grad_cache(trial, ctx: SearchContext) -> int:
-    """Gradient-cache chunks per local batch: searched like accumulation, for batch-coupled losses only."""
-    if not ctx.cost.facts.batch_coupled:
-        return 1
-    return trial.suggest_categorical("grad_cache_chunks", list(GRAD_CACHE_CHOICES))
-
-
-def check_chunks(plan, cost: CostModel, family: str) -> None:
-    """Accumulation and the gradient cache: each where it keeps the objective (messages name the fix)."""
-    if plan.grad_cache_chunks < 1:
-        raise InfeasiblePlanError(f"{family} plan grad_cache_chunks {plan.grad_cache_chunks} must be >= 1")
-    if cost.facts.batch_coupled and plan.accum_steps > 1:
-        raise InfeasiblePlanError(
-            f"{family} plan accum_steps {plan.accum_steps}: the workload's loss couples every sample of the batch "
-            "(InfoNCE), so accumulating micro-batch losses would optimise a different objective (fewer negatives "
-            "per sample); use grad_cache_chunks instead (the same memory saving, exact, one more forward)"
-        )
-    if not cost.facts.batch_coupled and plan.grad_cache_chunks > 1:
-        raise InfeasiblePlanError(
-            f"{family} plan grad_cache_chunks {plan.grad_cache_chunks}: the gradient cache is for batch-coupled "
-            "losses; a per-sample loss accumulates exactly without its second forward: use accum_steps"
-        )
-    if plan.grad_cache_chunks > 1 and plan.precision == "fp16":
-        raise InfeasiblePlanError("the gradient cache here runs without fp16 loss scaling; use bf16 or fp32")
-    if min(plan.local_batch) < plan.chunks:
-        raise InfeasiblePlanError(
-            f"{family} plan local batches {list(plan.local_batch)} must each be >= {plan.chunks} "
-            "(accum_steps x grad_cache_chunks)"
-        )
-
-
 def local_floor(ctx: SearchContext, accum: int) -> int:
     """Fewest samples a device's local batch may have: BatchNorm needs two in every micro-batch,
     not just in every local batch."""
@@ -251,7 +214,8 @@ def data_parallel_graph(cost: CostModel, devices: tuple[int, ...], local_batch: 
     n = cost.facts.n_blocks
     g = TaskGraph()
     bwd_done: dict[tuple[int, int], int] = {}
-    gather = _coupled_gather(g, cost, devices, local_batch, accum, precision, grad_cache)
+    sizes = [micro_sizes(b, accum) if grad_cache else [b] for b in local_batch]
+    gather = coupled_gather(g, cost, devices, sizes, grad_cache, precision)
     for i, d in enumerate(devices):
         res = f"dev{d}"
         micro = micro_sizes(local_batch[i], accum)
@@ -280,33 +244,6 @@ def data_parallel_graph(cost: CostModel, devices: tuple[int, ...], local_batch: 
             deps += extra_before_opt(g, i, d)
         g.add(f"dev{d}", "opt", cost.opt_s(d, opt_params[i]), deps, label="opt")
     return g
-
-
-def _coupled_gather(g: TaskGraph, cost: CostModel, devices: tuple[int, ...], local_batch: tuple[int, ...],
-                    chunks: int, precision: str, grad_cache: bool) -> int | None:
-    """A batch-coupled loss's forward pass on every device (without a graph under the gradient
-    cache) and the all-gather of the outputs after it; the gather's task id (None: per-sample loss)."""
-    if not cost.facts.batch_coupled:
-        return None
-    n = cost.facts.n_blocks
-    ends = []
-    for i, d in enumerate(devices):
-        sizes = micro_sizes(local_batch[i], chunks) if grad_cache else [local_batch[i]]
-        for j, m in enumerate(sizes):
-            tid = g.add(f"dev{d}", "F", cost.fwd_s(d, 0, n, m, precision) + cost.overhead_s(d, m),
-                        label=f"F{j} no graph" if grad_cache else "F")
-        ends.append(tid)
-    padded = cost.ref.blocks[-1].out_bytes_per_sample * max(local_batch) * len(devices)
-    moves = 1 if grad_cache else 2  # the differentiable gather's backward moves the gradients back
-    return g.add("comm", "allgather", moves * cost.allgather_s(padded, tuple(devices)), ends,
-                 label="gather outputs (global negatives)")
-
-
-def coupled_terms(cost: CostModel, global_batch: int, local: int, grad_cache: bool) -> CoupledLoss | None:
-    """The batch-coupled loss's memory terms of one rank (None for a per-sample loss)."""
-    if not cost.facts.batch_coupled:
-        return None
-    return CoupledLoss(global_batch=global_batch, local_batch=local, grad_cache=grad_cache)
 
 
 @register

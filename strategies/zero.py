@@ -27,6 +27,7 @@ from hetsim.model.simulator import StepTiming, TaskGraph
 from hetsim.types import MemoryBreakdown
 
 from . import register
+from ._coupled import check_chunks, choose_grad_cache, coupled_terms
 from ._dp_closed import data_parallel_timing
 from .base import Plan, SearchContext, Strategy, WorkerContext, batchnorm_warning
 from .ddp import (
@@ -34,12 +35,9 @@ from .ddp import (
     DDPExecutor,
     _precision_ok,
     balance_batch,
-    check_chunks,
     choose_accum,
     choose_common,
     choose_devices,
-    choose_grad_cache,
-    coupled_terms,
     data_parallel_graph,
     local_floor,
     micro_sizes,
@@ -204,7 +202,7 @@ class ZeRO(Strategy):
     def step_timing(self, plan: ZeROPlan, cost) -> StepTiming | None:
         """ZeRO-1 in closed form (ddp's step, then the parameter broadcast); FSDP's per-block
         collectives interleave with compute: the event simulation times them."""
-        if plan.zero_stage != 1:
+        if plan.zero_stage != 1 or cost.facts.batch_coupled:  # a coupled loss's gather: event simulation
             return None
         owned = zero1_owned_counts(cost, len(plan.devices))
         return data_parallel_timing(cost, plan.devices, plan.local_batch, plan.accum_steps, plan.precision,
