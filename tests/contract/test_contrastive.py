@@ -87,6 +87,9 @@ def test_grad_cache_is_costed(coupled_cost, spec):
 @pytest.mark.parametrize("spec", SPECS)
 def test_real_run_matches_full_batch_infonce_gradient(coupled_cost, spec, name, tmp_path):
     wl, cost, plans = _plans(coupled_cost, spec, name)
+    why = strategies.get(name).unavailable(SearchContext(cost=cost, global_batch=GLOBAL_BATCH))
+    if why is not None:  # e.g. tp: a family that has no plan for this model says so, and is never searched
+        pytest.skip(f"{name} {why}")
     assert plans, f"strategy {name} gives no example plans for {spec}"
     names = {n for n, _ in wl.model().named_parameters()}
     for i, plan in enumerate(plans):
