@@ -16,13 +16,17 @@ def has_timeline(m: Measurement | None) -> bool:
     return m is not None and m.status == "ok" and bool(m.step_starts_s) and len(m.step_starts_s) == len(m.step_durations_s)
 
 
-def best_measured(rows: list) -> tuple[str, Measurement] | None:
-    """(label, measurement) of the executed candidate with the highest measured throughput that
-    recorded a timeline; None when no run did.  `rows` are report rows (`label`, `measured`)."""
+def best_measured(rows: list, prefer_label: str = "") -> tuple[str, Measurement] | None:
+    """(label, measurement) to draw: the plan labelled `prefer_label` (the simulated timeline's) when
+    its run recorded a timeline, else the executed plan with the best throughput at the profiles'
+    host speed (as best_plan.json is chosen); None when no run recorded one.  `rows` are report rows
+    (`label`, `measured`, `plan`, `ref_probe_s`)."""
     timed = [r for r in rows if has_timeline(r.measured)]
     if not timed:
         return None
-    best = max(timed, key=lambda r: r.measured.samples_per_s or 0.0)
+    preferred = [r for r in timed if prefer_label and r.label == prefer_label]
+    best = preferred[0] if preferred else min(
+        timed, key=lambda r: (r.measured.step_time_at(r.ref_probe_s) or float("inf")) / r.plan.global_batch)
     return best.label, best.measured
 
 
@@ -51,17 +55,18 @@ def draw(m: Measurement, label: str, path: Path) -> None:
                     edgecolor="k", lw=0.3)
     ax.set_yticks(range(n), [f"rank {r}" for r in range(n)])
     ax.invert_yaxis()
-    ax.set_xlabel("ms (measured, from the first timed step)")
+    gaps = "; gaps: the untimed host-speed probe" if m.probe_s is not None else ""
+    ax.set_xlabel(f"ms (measured, from the first timed step{gaps})")
     ax.set_title(f"Measured timeline (timed steps): {label}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-def write(rows: list, out: Path) -> dict[str, Path]:
-    """Write the trace and the figure of the best executed plan into `out`; the figures written
-    (name -> path), empty when no run recorded a timeline."""
-    found = best_measured(rows)
+def write(rows: list, out: Path, prefer_label: str = "") -> dict[str, Path]:
+    """Write the trace and the figure of one executed plan (best_measured) into `out`; the figures
+    written (name -> path), empty when no run recorded a timeline."""
+    found = best_measured(rows, prefer_label)
     if found is None:
         return {}
     label, m = found

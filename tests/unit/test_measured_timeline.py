@@ -10,7 +10,7 @@ from hetsim.strategies.ddp import DDPPlan
 from hetsim.execution.runner import measured_timeline
 from hetsim.execution.worker import RankResult
 from hetsim.hardware.cluster import Cluster, Device
-from hetsim.reporting import report
+from hetsim.reporting import measured, report
 from hetsim.serial import from_dict, to_dict
 from hetsim.types import Measurement, MemoryBreakdown, Prediction
 
@@ -54,10 +54,19 @@ def test_report_writes_the_best_executed_plans_measured_timeline(tmp_path):
     assert len(steps) == 6 and {e["tid"] for e in steps} == {0, 1}
     second = next(e for e in steps if e["tid"] == 1 and e["name"] == "step 0")
     assert second["ts"] == 0.05e6 and second["dur"] == 0.7e6
-    assert any(e.get("args", {}).get("name") == "measured: fast-plan" for e in trace)
+    assert any(e.get("args", {}).get("name") == "measured: fast-plan" for e in trace)  # the fastest run
     assert (folder / "measured_timeline.png").stat().st_size > 0
     assert "measured_timeline.png" in (folder / "report.md").read_text()
     assert "measured_timeline" in (folder / "report.html").read_text()
+
+
+def test_the_simulated_plan_is_preferred():
+    fast = _measured(20.0, ((0.0,), (0.0,)), ((0.8,), (0.8,)))
+    slow = _measured(10.0, ((0.0,), (0.0,)), ((1.6,), (1.6,)))
+    rows = [_row(1, "slow-plan", slow), _row(2, "fast-plan", fast)]
+    assert measured.best_measured(rows, "slow-plan")[0] == "slow-plan"  # beside its simulated timeline
+    assert measured.best_measured(rows, "not-executed")[0] == "fast-plan"
+    assert measured.best_measured([_row(1, "x", Measurement(status="ok", samples_per_s=1.0))]) is None
 
 
 def test_no_timeline_no_file(tmp_path):
