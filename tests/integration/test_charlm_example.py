@@ -27,7 +27,7 @@ def test_charlm_loss_falls(tmp_path):
     spec = "emu:1.0@4G,0.5@2G"
     plan = DDPPlan(devices=(0, 1), local_batch=(10, 6))  # the faster device takes the larger share
     pf = PlanFile(plan=to_dict(plan), label="ddp-10-6", cluster_spec=spec, devices=device_dicts(parse_cluster(spec), (0, 1)),
-                  workload="gpt@tiny", global_batch=plan.global_batch)
+                  workload="gpt@tiny@64", global_batch=plan.global_batch)
     path = save_plan_file(pf, tmp_path / "plan.json")
     cmd = [sys.executable, "-m", "hetsim.train", "--plan", str(path), "--data", "examples.charlm.data:train_set",
            "--steps", str(STEPS), "--lr", "3e-3", "--out", str(tmp_path / "out"), "--log-every", "4", "--no-tensorboard"]
