@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hetsim.reporting import measured
 from hetsim.reporting.decision import decision_text, outside, rows_decision
 from hetsim.serial import to_dict
 from hetsim.types import Measurement, Prediction, TimelineEvent
@@ -361,6 +362,8 @@ def write(data: ReportData, out_root: Path) -> Path:
     if data.timeline:
         write_chrome_trace(data.timeline, out / "timeline.trace.json")
     figs = _figures(data, out)
+    figs.update(measured.write(data.candidates + ([data.baseline] if data.baseline else []), out,
+                               data.timeline_label))  # measured_timeline.png + .trace.json
     (out / "report.md").write_text(_markdown(data, s, figs))
     (out / "report.html").write_text(_html(data, s, figs))
     return out
