@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from hetsim import strategies
+from hetsim.execution.planfile import load_plan_file
 from hetsim.model.costmodel import CostModel
 from hetsim.profiling.store import ProfileSet
 from hetsim.reporting.console import report_step
@@ -45,7 +46,9 @@ def export_step(folder, plans: Shortlist, opts: Options, console: Console) -> No
     launch_sh = export_plans(folder, list(plans.rows), cluster=opts.cluster, workload=opts.workload.spec,
                              optimizer=opts.workload.optimizer, study=opts.study, launch=opts.launch)
     if launch_sh is not None:
-        console.print(escape(f"train with the best plan: bash {launch_sh}  (plan: {launch_sh.parent}/best_plan.json)"))
+        best = load_plan_file(launch_sh.parent / "best_plan.json").label
+        console.print(escape(f"train with the best measured plan ({best}): bash {launch_sh}  "
+                             f"(plan: {launch_sh.parent}/best_plan.json)"))
 
 
 def search_context(opts: Options, profiles: ProfileSet) -> SearchContext:

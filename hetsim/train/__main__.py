@@ -30,7 +30,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", choices=("adamw", "adam", "sgd"), help="default: the plan file's")
     p.add_argument("--lr", type=float, default=None, help="learning rate (default: the workload's)")
     p.add_argument("--lr-schedule", choices=LR_SCHEDULES, default="constant")
-    p.add_argument("--out", default="results/train", help="summary, trace and TensorBoard files (default results/train)")
+    p.add_argument("--out", default="results/local/train",
+                   help="summary, trace and TensorBoard files (default results/local/train, ignored by git)")
     p.add_argument("--checkpoint-dir", help="torch.distributed.checkpoint folder; a run resumes from its latest")
     p.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints (default 10)")
     p.add_argument("--rebalance-every", type=int, default=0,
