@@ -37,7 +37,7 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.run("ruff", "check", "hetsim", "strategies", "search", "tests", "benchmarks", "noxfile.py")
+    session.run("ruff", "check", "hetsim", "strategies", "search", "tests", "benchmarks", "examples", "noxfile.py")
 
 
 @nox.session

@@ -181,3 +181,15 @@ def test_a_checkpoint_of_another_plan_is_refused_and_kept(tmp_path, capsys):
     assert cli.main(["--plan", str(path), "--checkpoint-dir", str(ck), "--check", "--no-tensorboard"]) == 2
     assert "another plan" in capsys.readouterr().err
     assert json.loads((ck / "step-00000004" / "meta.json").read_text()) == meta
+
+
+def test_tensorboard_scalars_are_written(tmp_path):
+    from hetsim.train.monitor import Scalars
+
+    recs = [[_rec(i, 1.0, 0.6, 0.1, start=i) for i in range(2)] for _ in range(2)]
+    sc = Scalars(tmp_path / "tb")
+    for i in range(2):
+        sc.write(recs, i, 32.0)
+    sc.close()
+    files = list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    assert files and files[0].stat().st_size > 100
