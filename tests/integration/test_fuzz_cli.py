@@ -115,12 +115,12 @@ def assert_clean(rc, out: str, err: str, argv: list[str]) -> None:
 @pytest.fixture(scope="module", autouse=True)
 def stop_before_profiling():
     """Profiling is replaced by a stop; one valid run first imports what every case shares."""
-    real = app.obtain_profiles
+    real = app.profiles_step
 
     def stop(*args, **kwargs):
         raise ReachedProfiling
 
-    app.obtain_profiles = stop
+    app.profiles_step = stop
     try:
         for model in ("mlp", "resnet18", "gpt"):
             rc, out, err = run_cli(["--model", model, "--cluster", "emu:1.0@1G,0.5@1G", "--out", "warm"])
@@ -128,7 +128,7 @@ def stop_before_profiling():
         parse_cluster(f"catalog:{CATALOG_KEYS[0]}")
         yield
     finally:
-        app.obtain_profiles = real
+        app.profiles_step = real
 
 
 # ----------------------------------------------------------------------------- generated values
