@@ -16,6 +16,14 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session
+def fuzz(session: nox.Session) -> None:
+    """The command-line fuzz test with 10x the examples of `tests`, random rather than fixed ones
+    (HETSIM_FUZZ_SCALE=N for another multiple); failures are kept in .hypothesis/ and replayed first."""
+    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/integration/test_fuzz_cli.py",
+                "--hypothesis-show-statistics", *session.posargs, env={"HETSIM_FUZZ": "long"})
+
+
+@nox.session
 def bench(session: nox.Session) -> None:
     """Fidelity suite and speed benchmarks (pytest-benchmark), saved under results/bench/."""
     session.run(

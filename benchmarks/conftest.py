@@ -1,8 +1,9 @@
 """What every benchmark shares: the workload, the machine's default emulated cluster, its profiles.
 
-The profiles are obtained exactly as the CLI does (hetsim.search.calibrate.obtain_profiles) with
-root=results/, so they are recorded under results/profiles/ on the first run and reused while
-their fingerprint matches; those files are what the regression tests replay.
+The profiles are obtained with the main job's two steps, profiles then calibration
+(hetsim.search.calibrate.obtain_profiles), but with root=results/: the bench is what records
+results/profiles/ (the main job keeps its own under its --out), reusing the files while their
+fingerprint matches; those files are what the regression tests replay.
 """
 
 from __future__ import annotations

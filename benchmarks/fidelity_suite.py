@@ -3,7 +3,9 @@
 Built from what each family says about itself, so a family registered tomorrow is in the
 suite without editing this file:
 
-1. its baseline and `examples(ctx)` (each family's own representative plans);
+1. its baseline and `examples(ctx)` (each family's own representative plans), each followed by
+   its `counterparts` (tp: the even-shard plan beside an uneven one; tp has plans only on a gpt
+   workload, so the resnet bench has none);
 2. a bf16 and a fully checkpointed variant of its baseline (every family accepts both knobs);
 3. plans drawn from its own search space (`space(trial, ctx)`) by a seeded random sampler,
    which covers its remaining knobs (devices, accumulation, ZeRO stage, offload, schedule,
@@ -40,9 +42,11 @@ def knobs(plan) -> dict:
     """The knobs a plan turns (for the coverage table of the suite)."""
     out = {"strategy": plan.strategy, "devices": len(plan.devices), "precision": plan.precision,
            "checkpoint_blocks": plan.checkpoint_blocks}
-    for name in ("accum_steps", "zero_stage", "offload", "schedule", "microbatches", "replicas"):
+    for name in ("accum_steps", "zero_stage", "offload", "schedule", "microbatches", "replicas", "tp_size"):
         if hasattr(plan, name):
             out[name] = getattr(plan, name)
+    if hasattr(plan, "heads"):
+        out["uneven_shards"] = not plan.even
     batches = getattr(plan, "local_batch", None)
     if batches is not None:
         out["uneven"] = len(set(batches)) > 1
@@ -99,6 +103,8 @@ def _candidates(strat, ctx, seed: int, limit: int) -> list:
         own = []
     for plan in own:
         take(plan)
+        for other in strat.counterparts(plan, ctx.cost):  # e.g. tp: the even plan beside an uneven one
+            take(other)
     for plan in _drawn(strat, ctx, seed):
         if len(out) >= limit:
             break

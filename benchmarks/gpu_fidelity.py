@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(
         f"step-time MAPE {acc.step_time_mape:.3f} (max {acc.step_time_max_err:.3f}), peak-memory MAPE "
-        f"{acc.peak_mem_mape:.3f}, Kendall tau {acc.kendall_tau:.2f} over {acc.n_plans} plans",
+        f"{acc.peak_mem_mape:.3f}, Kendall tau {acc.kendall_tau:.2f}, top-1 regret {acc.top1_regret:.1%} "
+        f"over {acc.n_plans} plans",
         flush=True,
     )
     return 0
@@ -146,6 +147,7 @@ def _write(out: Path, a, cluster, workload, records: list[dict], t0: float):
         "step_time_max_err": acc.step_time_max_err if acc else None,
         "peak_mem_mape": acc.peak_mem_mape if acc else None,
         "kendall_tau": acc.kendall_tau if acc else None,
+        "top1_regret": acc.top1_regret if acc else None,
         "model": workload.spec,
         "optimizer": workload.optimizer,
         "cluster": cluster.spec,

@@ -1,7 +1,9 @@
-"""Search speed: a 1,000-trial search over every registered family on 8 and on 64 catalog devices.
+"""Search speed and quality: 1,000-trial searches, a 512-device search against a 10x longer one, and
+searches of spaces small enough to enumerate against the enumerated best.
 
-Simulation only (catalog devices are scaled from the recorded emu-cpu profile), in-memory Optuna
-storage, seeded TPE as the CLI configures it.  Besides the wall time it reports when the search
+Simulation only (catalog devices are scaled from the recorded emu-cpu profile), the CLI's default
+search (hetsim.search.loop: the evolutionary sampler, seeded), in-memory storage or, as the CLI
+keeps it, a journal file written once a second.  Besides the wall time it reports when the search
 first held a plan within 1 % of its final best (trial number and seconds).
 
 Each search has a wall-clock budget so that the bench stays within its ~30 minutes on 2 cores:
@@ -40,10 +42,10 @@ def _context(n_devices: int, workload):
     return SearchContext(cost=cost, global_batch=4 * n_devices, precisions=("fp32", "bf16", "fp16"))
 
 
-def _search(ctx) -> dict:
+def _search(ctx, storage: str | None = None, trials: int = TRIALS, budget_s: float = BUDGET_S, seed: int = 0) -> dict:
     from hetsim.search.study import feasible_candidates, open_study, run_search
 
-    study = open_study("bench-search", None, seed=0)
+    study = open_study("bench-search", storage, seed=seed)
     best_at: list[tuple[float, int, float]] = []  # (seconds, trial, best feasible value so far)
     t0 = time.perf_counter()
 
@@ -53,16 +55,16 @@ def _search(ctx) -> dict:
         if v is not None and v > prev:
             best_at.append((time.perf_counter() - t0, trial.number, v))
 
-    run_search(study, ctx, strategies.names(), TRIALS, callbacks=[track],
-               stop=lambda: time.perf_counter() - t0 > BUDGET_S)
+    run_search(study, ctx, strategies.names(), trials, callbacks=[track], seed=seed,
+               stop=lambda: time.perf_counter() - t0 > budget_s)
     wall = time.perf_counter() - t0
-    done = len(study.trials)
+    done = len(study.get_trials(deepcopy=False))
     cands = feasible_candidates(study)
     final = best_at[-1][2] if best_at else 0.0
     hit = next((b for b in best_at if b[2] >= (1 - WITHIN) * final), None)
     return {
         "trials": done,
-        "completed": done >= TRIALS,
+        "completed": done >= trials,
         "wall_s": wall,
         "trials_per_s": done / wall,
         "projected_1000_trials_s": wall * TRIALS / done,
@@ -74,11 +76,74 @@ def _search(ctx) -> dict:
     }
 
 
+@pytest.mark.parametrize("storage", ["memory", "journal"])
 @pytest.mark.parametrize("n_devices", [8, 64])
-def test_search_1000_trials(benchmark, profiles, workload, n_devices):
+def test_search_1000_trials(benchmark, profiles, workload, n_devices, storage, tmp_path):
     ctx = _context(n_devices, workload)
-    out = benchmark.pedantic(_search, args=(ctx,), rounds=1, iterations=1)
-    benchmark.extra_info.update({"n_devices": n_devices, **out})
-    print(f"{n_devices} devices: {out}")
+    url = f"journal:{tmp_path / 'bench.journal'}" if storage == "journal" else None
+    out = benchmark.pedantic(_search, args=(ctx, url), rounds=1, iterations=1)
+    benchmark.extra_info.update({"n_devices": n_devices, "storage": storage, **out})
+    print(f"{n_devices} devices, {storage}: {out}")
     assert out["trials"] >= 1
     assert out["best_plan"] is not None, "the search found no feasible plan"
+
+
+LARGE_KEYS = ("rtx_3090", "t4", "a10", "gtx_1080_ti")
+LARGE_SHORT_S = 15.0
+
+
+def test_search_512_devices_against_a_10x_longer_search(benchmark, profiles, workload):
+    """512 catalog devices of four types: the best of a 15 s search against the best of a 150 s one
+    (both seeded alike, wall-clock budgets, `trials` unbounded)."""
+    ctx = _context(512, workload)
+    short = benchmark.pedantic(_search, args=(ctx, None, 10**6, LARGE_SHORT_S), rounds=1, iterations=1)
+    long = _search(_context(512, workload), None, 10**6, 10 * LARGE_SHORT_S)
+    ratio = short["best_samples_per_s"] / long["best_samples_per_s"] if long["best_samples_per_s"] else None
+    benchmark.extra_info.update({
+        "n_devices": 512, "short": short, "long": long, "short_over_long": ratio,
+        "within_2pct": ratio is not None and ratio >= 0.98,
+    })
+    print(f"512 devices: short {short}\nlong {long}\nratio {ratio}")
+    assert short["best_plan"] is not None
+
+
+ENUMERABLE = (
+    ("emu:1.0@4G,0.5@2G", 32, ("fp32", "bf16")),
+    ("emu:1.0@200M,0.5@150M", 32, ("fp32", "bf16")),
+    ("catalog:rtx_3090,t4*2", 32, ("fp32", "bf16", "fp16")),
+    ("catalog:a10*2,gtx_1080_ti*2,t4", 40, ("fp32", "bf16", "fp16")),
+)
+ENUM_FAMILIES = ["ddp", "zero"]  # every knob categorical or int (pipelines order devices by floats)
+
+
+@pytest.mark.parametrize("spec,gb,precisions", ENUMERABLE, ids=[e[0] for e in ENUMERABLE])
+def test_search_finds_the_enumerated_best(benchmark, profiles, workload, spec, gb, precisions):
+    """Spaces small enough to list every plan: the search's best against the true best, and how many
+    trials it took to get within 1 % of it."""
+    from enumerate_space import enumerate_best
+    from hetsim.search import golden
+    from hetsim.search.study import feasible_candidates, open_study, run_search
+
+    ctx = golden._context(golden.Case(name="enum", cluster=spec, global_batch=gb, precisions=precisions), RESULTS)
+    best, label, n_plans = enumerate_best(ctx, ENUM_FAMILIES)
+    values: list[float] = []
+
+    def search():
+        study = open_study("enum", None, seed=0)
+        run_search(study, ctx, ENUM_FAMILIES, 300, callbacks=[
+            lambda s, t: values.append(t.value if t.user_attrs.get("constraint", 1.0) <= 0 else 0.0)])
+        return study
+
+    study = benchmark.pedantic(search, rounds=1, iterations=1)
+    seeded = len(study.get_trials(deepcopy=False)) - len(values)
+    found = feasible_candidates(study)[0]
+    hit = next((i for i, v in enumerate(values) if v >= (1 - WITHIN) * best), None)
+    equal = abs(found.prediction.samples_per_s - best) <= 1e-9 * best
+    benchmark.extra_info.update({
+        "cluster": spec, "plans_enumerated": n_plans, "enumerated_best": best, "enumerated_best_plan": label,
+        "search_best": found.prediction.samples_per_s,
+        "search_best_plan": strategies.get(found.plan.strategy).label(found.plan), "equal": equal,
+        "seeded_trials": seeded, "within_1pct_trial": None if hit is None else seeded + hit,
+    })
+    print(benchmark.extra_info)
+    assert equal, f"search best {found.prediction.samples_per_s} != enumerated best {best} ({label})"

@@ -20,7 +20,7 @@ class UnknownNameError(ConfigError):
 
     def __init__(self, what: str, name: str, known: list[str] | tuple[str, ...], hint: str = ""):
         self.what, self.name, self.known = what, name, list(known)
-        msg = f"unknown {what} {name!r}; known: {', '.join(sorted(self.known))}"
+        msg = f"unknown {what} {shown(name)}; known: {', '.join(sorted(self.known))}"
         if hint:
             msg += f". {hint}"
         super().__init__(msg)
@@ -46,3 +46,12 @@ class InfeasiblePlanError(HetsimError):
 
 class EmulatedOutOfMemoryError(HetsimError):
     """An emulated device went over its memory cap (raised by the accounting)."""
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """`repr(value)` for an error message, cut to `limit` characters with the full length said: a
+    100,000-character --cluster spec is named, not echoed."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 4]}...{text[-1]} ({len(str(value)):,} characters)"

@@ -7,6 +7,7 @@ values; `from_dict` rebuilds it from the type hints.  No pickle anywhere.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import types
 import typing
@@ -65,12 +66,18 @@ def _convert(tp: Any, value: Any) -> Any:
     return value
 
 
+@functools.cache
+def _fields_of(cls: type) -> tuple[dict[str, Any], frozenset[str]]:
+    """A dataclass's resolved field types and init field names (resolving annotations is slow, and a
+    search reads back thousands of plans and predictions)."""
+    return typing.get_type_hints(cls), frozenset(f.name for f in dataclasses.fields(cls) if f.init)
+
+
 def from_dict(cls: type[T], data: dict[str, Any]) -> T:
     """Rebuild dataclass `cls` from `to_dict` output; unknown keys are an error."""
     if not isinstance(data, dict):
         raise TypeError(f"{cls.__name__}: expected an object, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    hints, names = _fields_of(cls)
     unknown = set(data) - names
     if unknown:
         raise KeyError(f"{cls.__name__}: unknown field(s) {sorted(unknown)}")

@@ -90,6 +90,11 @@ class Measurement:
     steps_per_probe: float | None = None
     """The step time in probe times: each step over the ranks' mean probe taken before it
     (hetsim.profiling.hostspeed.shared_probes), median per rank, slowest rank (None when not probed)."""
+    step_starts_s: tuple[tuple[float, ...], ...] = ()
+    """The measured timeline: per rank, each timed step's start in seconds after the earliest
+    rank's first timed step (empty when not recorded)."""
+    step_durations_s: tuple[tuple[float, ...], ...] = ()
+    """Per rank, each timed step's duration in seconds (same order as step_starts_s)."""
 
     def step_time_at(self, ref_probe_s: float) -> float | None:
         """The measured step time at the host speed whose probe time is `ref_probe_s` (a profile's

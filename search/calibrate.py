@@ -1,9 +1,17 @@
-"""Obtain the profiles a cost model needs: load recorded ones while their fingerprint matches,
-measure (and record) the rest."""
+"""The calibration step: short real runs of the strategies' own executors that add to the model
+profiles what isolated block timings miss, each term recorded beside the profile it corrects.
+
+Four terms, each measured once per profile (or per device group) and then reused: the single-device
+residual (the real data-parallel executor on one device at two batch sizes), the gradient
+synchronisation of a uniform data-parallel step on the whole cluster, the sharding of a uniform
+FSDP step, and the per-action overhead of two real pipelines.  `obtain_profiles` is the profiles
+step (hetsim.profiling.obtain) followed by this one, as the bench records its profiles.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from dataclasses import replace
 from pathlib import Path
 
 from hetsim.strategies.base import SearchContext
@@ -11,63 +19,122 @@ from hetsim.strategies.ddp import DDP, DDPPlan
 from hetsim.strategies.pipeline import Pipeline
 from hetsim.strategies.zero import ZeRO
 
-from hetsim.errors import InfeasiblePlanError, ProfileMismatchError
-from hetsim.execution.runner import commbench, measure
+from hetsim.errors import InfeasiblePlanError, ProfileCorruptError
+from hetsim.execution.runner import Launch, measure
 from hetsim.hardware.cluster import Cluster
 from hetsim.model.costmodel import CostModel
+from hetsim.model.roofline import ModelShapes, catalog_profile
+from hetsim.names import min_samples_per_micro_batch
 from hetsim.profiling.hostspeed import profile_ref
-from hetsim.profiling.measure import device_fingerprint, profile_device, profile_model
+from hetsim.profiling.obtain import (
+    ProfileRequest,
+    Say,
+    load_or_measure,
+    measure_profiles,
+    micro_batch_sizes,
+)
+from hetsim.profiling.shapes import shapes_fingerprint, trace
 from hetsim.profiling.store import (
-    CommProfile,
     DeviceProfile,
     ModelProfile,
     ProfileSet,
-    comm_fingerprint,
-    comm_profile_path,
-    device_profile_path,
     group_key,
-    load,
-    model_fingerprint,
     model_profile_path,
+    safe_name,
     save,
 )
 from hetsim.types import Fit
-from hetsim.workloads.builtin import min_samples_per_micro_batch
 
-Say = Callable[[str], None]
-
-
-def micro_batch_sizes(global_batch: int, n_devices: int) -> tuple[int, ...]:
-    """Sizes to profile: from small accumulation micro-batches up to the largest local batch a plan may use."""
-    top = max(2, global_batch - (n_devices - 1))
-    sizes = {2, max(2, global_batch // (2 * n_devices)), max(2, global_batch // n_devices), top}
-    return tuple(sorted(sizes))
+RESIDUAL = "calib_residual_s"
+"""The single-device term's key in `ModelProfile.calib_failed` when its run failed."""
 
 
-def _load_or(path: Path, cls, expect: dict[str, str], measure: Callable[[], object], reprofile: bool, say: Say):
-    if path.exists() and not reprofile:
-        try:
-            obj = load(cls, path, expect)
-            say(f"reusing {path}")
-            return obj
-        except ProfileMismatchError as e:  # not an error: the setup changed, so measure again and say so
-            say(f"{e}")
-        # A ProfileCorruptError propagates: the CLI names the file and says to delete it or pass
-        # --reprofile, rather than silently overwriting a file someone may have edited.
-    obj = measure()
-    save(obj, path)
-    say(f"recorded {path}")
-    return obj
+def calibrate(cluster: Cluster, workload, profiles: ProfileSet, req: ProfileRequest, say: Say = print) -> ProfileSet:
+    """Every calibration term the profiles lack for this cluster, measured by real runs and saved
+    into the model profiles under `req.root`/profiles/; terms already recorded are reused."""
+    t0 = time.perf_counter()
+    profiles = calibrate_devices(cluster, workload, profiles, req, say)
+    if cluster.links is None and len(cluster.devices) > 1 and all(d.backend != "catalog" for d in cluster.devices):
+        profiles = calibrate_sync(cluster, workload, profiles, req.root, say)
+        profiles = calibrate_sharded(cluster, workload, profiles, req.root, say)
+        profiles = calibrate_pipeline(cluster, workload, profiles, req.root, say, req.global_batch)
+    say(f"calibration ready in {time.perf_counter() - t0:.0f} s")
+    return profiles
 
 
-def calibrate_residual(device, workload, prof: ModelProfile, dev_prof: DeviceProfile, sizes, say: Say,
-                       launch_cfg=None) -> ModelProfile:
+def obtain_profiles(cluster: Cluster, workload, *, root: Path, global_batch: int, precisions: tuple[str, ...],
+                    reprofile: bool = False, say: Say = print, launch_cfg: Launch | None = None) -> ProfileSet:
+    """Measured and calibrated profiles under root/profiles/: the profiles step, then calibration."""
+    req = ProfileRequest(root=root, global_batch=global_batch, precisions=precisions, reprofile=reprofile,
+                         launch=launch_cfg)
+    return calibrate(cluster, workload, profiles_step(cluster, workload, req, say), req, say)
+
+
+def profiles_step(cluster: Cluster, workload, req: ProfileRequest, say: Say = print) -> ProfileSet:
+    """The profiles step: catalog GPUs from the model's traced shapes (nothing timed here), every
+    other device kind measured (hetsim.profiling.obtain); measured kinds first, since the cost
+    model's reference profile (memory calibration) is the first one."""
+    sizes = micro_batch_sizes(req.global_batch, len(cluster.devices))
+    catalog = catalog_profiles(cluster, workload, sizes, req.precisions, say, root=req.root, reprofile=req.reprofile)
+    own = [k for k in cluster.kinds if any(d.kind == k and d.backend != "catalog" for d in cluster.devices)]
+    kinds = own if (own or catalog) else ["emu-cpu"]  # untraceable model: catalog GPUs scale this CPU's profile
+    profiles = measure_profiles(cluster, workload, req, say, kinds=kinds)
+    return replace(profiles, models={**profiles.models, **catalog})
+
+
+def catalog_profiles(cluster: Cluster, workload, sizes: tuple[int, ...], precisions: tuple[str, ...],
+                     say: Say, root: Path | None = None, reprofile: bool = False) -> dict[str, ModelProfile]:
+    """Roofline profiles of the cluster's catalog GPUs from the model's traced shapes (meta device):
+    nothing is timed on this machine, at any precision or input size (hetsim.model.roofline).  With
+    `root`, the shapes are kept in ROOT/profiles/catalog/ and reused while torch's version matches."""
+    import time
+
+    kinds = {d.kind: d for d in cluster.devices if d.backend == "catalog"}
+    if not kinds:
+        return {}
+    t0 = time.perf_counter()
+
+    def traced() -> ModelShapes:
+        return replace(trace(workload), fingerprint=shapes_fingerprint(workload.spec))
+
+    try:
+        if root is None:
+            shapes = traced()
+        else:
+            path = root / "profiles" / "catalog" / f"shapes-{safe_name(workload.spec)}.json"
+            shapes = load_or_measure(path, ModelShapes, shapes_fingerprint(workload.spec), traced, reprofile, lambda m: None)
+    except ProfileCorruptError:
+        raise
+    except Exception as e:  # a model the meta device cannot run (data-dependent shapes, .item())
+        say(f"{workload.spec} cannot be traced on the meta device ({type(e).__name__}: {e}); catalog GPUs "
+            f"are scaled from this machine's CPU profile instead (one FLOP ratio, less accurate)")
+        return {}
+    out = {}
+    for kind, dev in kinds.items():
+        fp = {"kind": kind, "model": workload.spec, "roofline": "1"}
+        out[kind] = catalog_profile(shapes, dev, precisions, sizes, fp)
+    say(f"catalog GPUs ({', '.join(kinds)}): roofline from the traced shapes of {workload.spec} "
+        f"in {time.perf_counter() - t0:.1f} s, nothing timed on this machine")
+    return out
+
+
+def calibrate_devices(cluster: Cluster, workload, profiles: ProfileSet, req: ProfileRequest, say: Say) -> ProfileSet:
+    """The single-device residual of every model profile whose kind has a real device here and
+    that has none yet (a failed run is remembered: `--reprofile` measures again)."""
+    sizes = micro_batch_sizes(req.global_batch, len(cluster.devices))
+    models = dict(profiles.models)
+    for kind, prof in profiles.models.items():
+        dev = next((d for d in cluster.devices if d.kind == kind and d.backend != "catalog"), None)
+        if dev is None or prof.calib_residual_s is not None or RESIDUAL in prof.calib_failed:
+            continue
+        models[kind] = calibrate_residual(dev, workload, prof, profiles.devices[kind], sizes, say)
+        save(models[kind], model_profile_path(req.root, kind, workload.spec))
+    return replace(profiles, models=models)
+
+
+def calibrate_residual(device, workload, prof: ModelProfile, dev_prof: DeviceProfile, sizes, say: Say) -> ModelProfile:
     """Run the real data-parallel executor on one device of this kind at two batch sizes and fit
     what the isolated block timings miss (measured step - predicted step), per micro-step."""
-    from dataclasses import replace
-
-
-
     one_dev = replace(device, speed=1.0, memory_bytes=1 << 50, index=device.index)
     one = Cluster(spec="calibration", source=device.backend if device.backend != "catalog" else "emulated",
                   devices=(one_dev,))
@@ -82,56 +149,10 @@ def calibrate_residual(device, workload, prof: ModelProfile, dev_prof: DevicePro
                     timeout_s=600)  # one local device: never a multi-node rendezvous
         if m.status != "ok" or m.step_time_s is None:
             say(f"calibration run failed ({m.status}); keeping the uncalibrated block model")
-            return prof
+            return replace(prof, calib_failed={**prof.calib_failed, RESIDUAL: m.status})
         xs.append(float(b))
         ys.append(m.step_time_at(prof.probe_s) - pred)
     return replace(prof, calib_residual_s=Fit.least_squares(xs, ys, nonneg=False))
-
-
-def obtain_profiles(cluster: Cluster, workload, *, root: Path, global_batch: int, precisions: tuple[str, ...],
-                    reprofile: bool = False, say: Say = print, launch_cfg=None) -> ProfileSet:
-    import torch
-
-
-    torch.set_num_threads(1)  # each worker process computes with one thread
-    measured_kinds = [k for k in cluster.kinds if any(d.kind == k and d.backend != "catalog" for d in cluster.devices)]
-    if not measured_kinds:
-        measured_kinds = ["emu-cpu"]  # catalog clusters scale from this machine's CPU profile
-    models: dict[str, ModelProfile] = {}
-    devices: dict[str, DeviceProfile] = {}
-    sizes = micro_batch_sizes(global_batch, len(cluster.devices))
-    for kind in measured_kinds:
-        dev_obj = next((d for d in cluster.devices if d.kind == kind), None)
-        device = torch.device("cuda", dev_obj.index) if dev_obj is not None and dev_obj.backend == "cuda" else torch.device("cpu")
-        fp = device_fingerprint(kind, device)
-        devices[kind] = _load_or(device_profile_path(root, kind), DeviceProfile, fp,
-                                 lambda k=kind, d=device: profile_device(k, d), reprofile, say)
-        mfp = model_fingerprint(fp, workload.spec, sizes, precisions)
-        def measure_model(k=kind, d=device, dev_prof=devices[kind], dev_obj=dev_obj):
-            prof = profile_model(workload, k, d, sizes, precisions, progress=say)
-            if dev_obj is not None and dev_obj.backend != "catalog":
-                prof = calibrate_residual(dev_obj, workload, prof, dev_prof, sizes, say, launch_cfg)
-            return prof
-
-        models[kind] = _load_or(model_profile_path(root, kind, workload.spec), ModelProfile, mfp, measure_model,
-                                reprofile, say)
-    comm: dict[int, CommProfile] = {}
-    n = len(cluster.devices)
-    if cluster.links is None and n > 1:
-        kind = cluster.devices[0].kind
-        dev0 = cluster.devices[0]
-        device = torch.device("cuda", dev0.index) if dev0.backend == "cuda" else torch.device("cpu")
-        cfp = device_fingerprint(kind, device)
-        for ws in sorted({2, n}):
-            cfp_ws = comm_fingerprint(cfp, ws)
-            comm[ws] = _load_or(comm_profile_path(root, kind, ws), CommProfile, cfp_ws,
-                                lambda ws=ws, f=cfp_ws: commbench(cluster, ws, f, launch_cfg=launch_cfg), reprofile, say)
-    profiles = ProfileSet(models=models, devices=devices, comm=comm)
-    if cluster.links is None and n > 1 and all(d.backend != "catalog" for d in cluster.devices):
-        profiles = calibrate_sync(cluster, workload, profiles, root, say)
-        profiles = calibrate_sharded(cluster, workload, profiles, root, say)
-        profiles = calibrate_pipeline(cluster, workload, profiles, root, say, global_batch)
-    return profiles
 
 
 def calibrate_sync(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say) -> ProfileSet:
@@ -157,10 +178,6 @@ def _calibrate_uniform(cluster: Cluster, workload, profiles: ProfileSet, root: P
                        what: str, fallback: str) -> ProfileSet:
     """One real run of `strat`'s baseline on the whole cluster; its measured minus simulated step is
     stored in each model profile's `field` under the cluster's group key (once per group)."""
-    from dataclasses import replace
-
-
-
     key = group_key(cluster.devices)
     tag = f"{field}:{key}"
     if all(key in getattr(m, field) for m in profiles.models.values()):
@@ -170,7 +187,8 @@ def _calibrate_uniform(cluster: Cluster, workload, profiles: ProfileSet, root: P
         say(f"{what.split(':')[0]} calibration failed before ({failed}), not repeated (--reprofile measures "
             f"again); {fallback}")
         return profiles
-    cost = CostModel(cluster, profiles, workload.optimizer, has_batchnorm=workload.has_batchnorm)
+    cost = CostModel(cluster, profiles, workload.optimizer, has_batchnorm=workload.has_batchnorm,
+                     batch_coupled=workload.batch_coupled)
     plan = strat.baseline(SearchContext(cost=cost, global_batch=max(4 * len(cluster.devices), 16)))
     if plan is None:
         return profiles
@@ -215,12 +233,11 @@ def calibration_pipeline_plans(cost, global_batch: int, min_micro: int) -> list:
     boundaries solved as the search would; one micro-batch (the largest micro-batch, model
     parallelism), then 1F1B with 2 micro-batches per rank where the batch allows (fill, steady state
     and drain all occur at a small micro-batch)."""
-
-
     P = len(cost.cluster.devices)
     out = []
     ms = [m for m in (2 * P, P, 2) if global_batch % m == 0 and global_batch // m >= min_micro]
-    for m in [1] + ms[:1]:
+    # A batch-coupled loss is only ever pipelined with one micro-batch (more would change its objective).
+    for m in [1] + ([] if cost.facts.batch_coupled else ms[:1]):
         try:
             out.append(Pipeline().solve(cost, tuple(range(P)), schedule="1F1B" if m >= P else "GPipe",
                                         microbatches=m, batch=global_batch))
@@ -235,10 +252,6 @@ def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: P
     (a + b * micro-batch, like `calibrate_residual` per data-parallel micro-step) that makes their
     simulated steps equal the measured ones: torch.distributed.pipelining's per-action work, p2p
     waits, contention between ranks and small-micro-batch costs that isolated block timings miss."""
-    from dataclasses import replace
-
-
-
     key = group_key(cluster.devices)
     if all(key in m.pipe_action_s for m in profiles.models.values()):
         return profiles
@@ -248,7 +261,7 @@ def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: P
     def cost_with(fit: Fit) -> CostModel:
         models = {k: replace(p, pipe_action_s={**p.pipe_action_s, key: fit}) for k, p in profiles.models.items()}
         return CostModel(cluster, replace(profiles, models=models), workload.optimizer,
-                         has_batchnorm=workload.has_batchnorm)
+                         has_batchnorm=workload.has_batchnorm, batch_coupled=workload.batch_coupled)
 
     zero = Fit(intercept=0.0, slope=0.0)
     cost0 = cost_with(zero)

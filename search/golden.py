@@ -7,13 +7,18 @@ A case is a cluster, a workload and a seeded, in-memory Optuna search over the
 strategy families, simulated from the profiles recorded under
 results/profiles/ (nothing is measured, nothing is trained).  Its expectation is
 the best plan, its predicted throughput, step time and peak memory per device,
-and the prediction of every family's baseline and example plans.  A deliberate
-change to the cost model or a strategy's simulation therefore shows up as one
-reviewed diff of results/golden/.
+the number of distinct feasible plans, and the prediction of every family's
+baseline and example plans.  A deliberate change to the cost model or a
+strategy's simulation therefore shows up as one reviewed diff of results/golden/.
+The search draws its plans with `study.KeyedRandomSampler`, whose every value
+follows from (seed, trial number, parameter name) through Python's `random`, not
+with TPE: the plans a case visits, and so its expectation, stay the same under
+another Optuna release (the CLI keeps TPE, which finds better plans in fewer trials).
 
 This module also holds the accuracy arithmetic shared by the fidelity bench
 (benchmarks/) and the accuracy gate (tests/regression/): MAPE and Kendall's tau
-over recorded predicted-vs-measured pairs, and the bounds they must meet.
+over recorded predicted-vs-measured pairs (Kendall's tau and top-1 regret from
+hetsim.reporting.decision, which the main job's report uses too), and the bounds they must meet.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hetsim.search.study import feasible_candidates, open_study, run_search
+from hetsim.search.study import KeyedRandomSampler, feasible_candidates, open_study, run_search
 from hetsim.strategies.base import SearchContext
 
 from hetsim import strategies
@@ -45,6 +50,7 @@ from hetsim.profiling.store import (
     model_profile_path,
     profile_dir,
 )
+from hetsim.reporting.decision import decision_quality, kendall_tau
 from hetsim.reporting.metrics import mape, rel_err
 from hetsim.serial import to_dict
 from hetsim.workloads.builtin import workload_from_spec
@@ -74,28 +80,6 @@ KENDALL_TAU_MIN = 0.8
 # ----------------------------------------------------------------------------- accuracy arithmetic
 
 
-def kendall_tau(xs: Sequence[float], ys: Sequence[float]) -> float:
-    """Kendall's tau-b rank correlation (ties counted as in scipy.stats.kendalltau)."""
-    n = len(xs)
-    if n != len(ys) or n < 2:
-        raise ValueError(f"Kendall's tau needs two equally long series of >= 2 values, got {n} and {len(ys)}")
-    concordant = discordant = ties_x = ties_y = 0
-    for i in range(n):
-        for j in range(i + 1, n):
-            dx = (xs[i] > xs[j]) - (xs[i] < xs[j])
-            dy = (ys[i] > ys[j]) - (ys[i] < ys[j])
-            if dx == 0 and dy == 0:
-                continue
-            if dx == 0:
-                ties_x += 1
-            elif dy == 0:
-                ties_y += 1
-            elif dx == dy:
-                concordant += 1
-            else:
-                discordant += 1
-    denom = math.sqrt((concordant + discordant + ties_x) * (concordant + discordant + ties_y))
-    return (concordant - discordant) / denom if denom else 0.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -107,6 +91,8 @@ class Accuracy:
     step_time_max_err: float
     peak_mem_mape: float
     kendall_tau: float
+    top1_regret: float
+    """1 - measured throughput of the plan predicted fastest / fastest measured (hetsim.reporting.decision)."""
 
     def violations(self) -> list[str]:
         """Each bound the figures break, with the value and the limit."""
@@ -127,6 +113,8 @@ def accuracy_of(records: Sequence[dict]) -> Accuracy:
     if len(ok) < 2:
         raise ValueError(f"accuracy needs >= 2 executed plans, got {len(ok)} of {len(records)}")
     steps = [(r["pred_step_time_s"], r["meas_step_time_s"]) for r in ok]
+    # Throughput as 1 / step time: every plan of a suite has the same global batch, which cancels.
+    decision = decision_quality([(1.0 / p, 1.0 / m) for p, m in steps])
     mems = [(p, m) for r in ok for p, m in zip(r["pred_peak_mem_bytes"], r["meas_peak_mem_bytes"])]
     return Accuracy(
         n_plans=len(ok),
@@ -134,6 +122,7 @@ def accuracy_of(records: Sequence[dict]) -> Accuracy:
         step_time_max_err=max(abs(rel_err(p, m)) for p, m in steps),
         peak_mem_mape=mape(mems),
         kendall_tau=kendall_tau([p for p, _ in steps], [m for _, m in steps]),
+        top1_regret=decision.top1_regret,
     )
 
 
@@ -156,7 +145,6 @@ def profile_digests(root: Path, model_spec: str, kind: str = REFERENCE_KIND) -> 
 def recorded_profiles(root: Path, model_spec: str, kind: str = REFERENCE_KIND):
     """The ProfileSet recorded under root/profiles/ for this workload, without the fingerprint check:
     the point is to replay what was measured on the recording machine, on any machine."""
-
     device, model, *comms = profile_paths(root, model_spec, kind)
     missing = [str(p) for p in (device, model) if not p.exists()]
     if missing:
@@ -181,7 +169,7 @@ class Case:
     """Workload spec whose profile is recorded under results/profiles/."""
     global_batch: int = 32
     trials: int = 120
-    """Seeded TPE trials (in-memory storage)."""
+    """Seeded `KeyedRandomSampler` trials, own plans included (in-memory storage)."""
     seed: int = 0
     precisions: tuple[str, ...] = ("fp32", "bf16")
     optimizer: str = "adamw"
@@ -201,9 +189,8 @@ CASES: tuple[Case, ...] = (
 )
 
 
-def _context(case: Case, root: Path):
-
-
+def _context(case: Case, root: Path) -> SearchContext:
+    """The case's search context: its cluster (with a fixed host memory) costed from the recorded profiles."""
     cluster = dataclasses.replace(parse_cluster(case.cluster), host_memory_bytes=HOST_MEMORY_BYTES)
     wl = workload_from_spec(case.model, case.optimizer)
     profiles = recorded_profiles(root, case.model)
@@ -221,16 +208,22 @@ def _prediction(strat, plan, cost) -> dict:
 
 
 def _plain(plan) -> dict:
-
     return json.loads(json.dumps(to_dict(plan)))
+
+
+def _canonical(plan: dict | None) -> dict | None:
+    """A recorded plan as the plan type reads it today: a field added since (with its default, e.g.
+    `grad_cache_chunks`) does not make an old golden plan a different plan."""
+    if plan is None:
+        return None
+    try:
+        return _plain(strategies.plan_from_dict(plan))
+    except (HetsimError, TypeError, KeyError, ValueError):  # a plan of an unknown family, or malformed
+        return plan
 
 
 def compute(case: Case, root: Path = RESULTS, families: Sequence[str] | None = None) -> dict:
     """The case's expectation: fixed plans of every family, then the best plan of a seeded search."""
-    import optuna
-
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     ctx = _context(case, root)
     names = list(families) if families is not None else strategies.names()
     fixed: dict[str, list[dict]] = {}
@@ -252,8 +245,8 @@ def compute(case: Case, root: Path = RESULTS, families: Sequence[str] | None = N
             except InfeasiblePlanError as e:
                 rows.append({"label": strat.label(plan), "plan": _plain(plan), "invalid": str(e)})
         fixed[name] = rows
-    study = open_study(f"golden-{case.name}", None, case.seed)
-    run_search(study, ctx, names, case.trials)
+    study = open_study(f"golden-{case.name}", None, case.seed, sampler=KeyedRandomSampler(case.seed))
+    run_search(study, ctx, names, case.trials, sampler="tpe")  # trial by trial on the keyed sampler
     cands = feasible_candidates(study)
     best = None
     if cands:
@@ -275,7 +268,7 @@ def _diff_prediction(where: str, want: dict | None, have: dict | None) -> list[s
     if want is None or have is None:
         return [] if want is have else [f"{where}: golden {want and want['label']!r} != now {have and have['label']!r}"]
     out = []
-    if want.get("plan") != have.get("plan"):
+    if _canonical(want.get("plan")) != _canonical(have.get("plan")):
         out.append(f"{where}: plan changed: golden {want['label']!r} != now {have['label']!r}")
         return out
     if "invalid" in want or "invalid" in have:
@@ -312,8 +305,8 @@ def compare(golden: dict, now: dict) -> tuple[list[str], list[str]]:
             diffs.append(f"family {name!r} has golden plans but was not computed now")
             continue
         # Matched by plan, not position: a family that adds an example shows one new plan.
-        want = {json.dumps(r["plan"], sort_keys=True): r for r in want_rows}
-        have = {json.dumps(r["plan"], sort_keys=True): r for r in have_rows}
+        want = {json.dumps(_canonical(r["plan"]), sort_keys=True): r for r in want_rows}
+        have = {json.dumps(_canonical(r["plan"]), sort_keys=True): r for r in have_rows}
         for k, w in want.items():
             if k not in have:
                 diffs.append(f"{name}: fixed plan {w['label']!r} is gone")
@@ -329,7 +322,6 @@ def golden_path(case: Case, root: Path = RESULTS) -> Path:
 
 def check(case: Case, root: Path = RESULTS) -> tuple[dict, list[str], list[str]]:
     """Compute a case with the families its golden file lists; (now, differences, notes)."""
-
     path = golden_path(case, root)
     if not path.exists():
         now = compute(case, root)

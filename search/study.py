@@ -5,17 +5,25 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import random
 import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import optuna
 from hetsim.strategies.base import Plan, SearchContext
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from hetsim import strategies
-from hetsim.errors import ConfigError, InfeasiblePlanError
+from hetsim.errors import ConfigError, InfeasiblePlanError, shown
 from hetsim.serial import from_dict, to_dict
 from hetsim.types import Measurement, Prediction
+
+from .checks import hide_secrets, masked_url
+from .persist import make_storage
 
 MEASURED_PREFIX = "measured:"
 
@@ -31,18 +39,55 @@ class Candidate:
     trial_number: int
 
 
-def open_study(name: str, storage: str | None, seed: int) -> optuna.Study:
-    """The named study in `storage` (in memory when None), created or resumed; TPE seeded with `seed`."""
+class KeyedRandomSampler(optuna.samplers.BaseSampler):
+    """Independent random sampling where each value depends on (seed, trial number, parameter name)
+    alone, drawn with Python's own `random` (its string seeding and draws are stable across
+    releases).  The golden cases search with it, so that their plans do not change with an Optuna
+    release the way TPE's choices do (seen: optuna 5.0.0 found 25 distinct feasible plans in the
+    seeded TPE search of emu-tight-memory where the release that wrote the golden file found 24)."""
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+
+    def infer_relative_search_space(self, study, trial) -> dict:
+        return {}
+
+    def sample_relative(self, study, trial, search_space) -> dict:
+        return {}
+
+    def sample_independent(self, study, trial, param_name: str, param_distribution):
+        rng = random.Random(f"{self.seed}:{trial.number}:{param_name}")
+        d = param_distribution
+        if isinstance(d, optuna.distributions.CategoricalDistribution):
+            return d.choices[rng.randrange(len(d.choices))]
+        if isinstance(d, optuna.distributions.IntDistribution) and not d.log:
+            return d.low + d.step * rng.randrange((d.high - d.low) // d.step + 1)
+        if isinstance(d, optuna.distributions.FloatDistribution) and not d.log and d.step is None:
+            return d.low + (d.high - d.low) * rng.random()
+        raise NotImplementedError(f"KeyedRandomSampler does not sample {d!r} ({param_name})")
+
+
+def open_study(name: str, storage: str | None, seed: int,
+               sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
+    """A maximising study (created, or loaded when it exists); TPE unless another sampler is given."""
     kw = {} if _NEW_CONSTRAINTS else {"constraints_func": _constraints}
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the CLI says itself whether a study resumes
-    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=20, **kw)
+    sampler = sampler or optuna.samplers.TPESampler(seed=seed, n_startup_trials=20, **kw)
     try:
-        return optuna.create_study(study_name=name, storage=storage, sampler=sampler, direction="maximize",
-                                   load_if_exists=True)
+        with warnings.catch_warnings():  # SQLAlchemy's warnings about a URL would print lines of their own
+            warnings.simplefilter("ignore", category=Warning)
+            return optuna.create_study(study_name=name, storage=make_storage(storage), sampler=sampler,
+                                       direction="maximize", load_if_exists=True)
+    except ConfigError:
+        raise
     except Exception as e:  # sqlalchemy, sqlite and driver errors alike: a URL the user gave cannot be used
         why = re.sub(r"\s*\(Background on this error at: [^)]*\)", "", f"{type(e).__name__}: {e}").strip()
-        raise ConfigError(f"--storage {storage!r} cannot be opened ({why}); use an Optuna storage URL that "
-                          "this machine can open, such as sqlite:///results/hetsim.db") from None
+        why = hide_secrets(why, storage or "")
+        raise ConfigError(f"--storage {shown(masked_url(storage or ''), 200)} cannot be opened ({why[:500]}); use "
+                          "an Optuna storage URL that this machine can open, such as "
+                          "journal:results/hetsim.journal or sqlite:///results/hetsim.db") from None
+
+
 
 
 # Optuna 5 takes constraints from the trial (`Trial.set_constraint`); older ones from a sampler callback.
@@ -74,48 +119,113 @@ def searchable(ctx: SearchContext, names: list[str]) -> tuple[list[str], dict[st
 
 
 def make_objective(ctx: SearchContext, names: list[str]) -> Callable[[optuna.Trial], float]:
+    """The TPE objective: every plan through the event simulation (`_EventSimulated`), so that a seeded
+    TPE study (the golden cases) ranks its trials on exactly the numbers it always had.  The closed
+    form agrees to 1e-9 but not to the last bit, and TPE orders ties (plans of equal throughput) by it."""
     names, _ = searchable(ctx, names)
+    return lambda trial: _objective(trial, ctx, names, _EventSimulated())
 
-    def objective(trial: optuna.Trial) -> float:
-        name = trial.suggest_categorical("strategy", names) if len(names) > 1 else names[0]
-        strat = strategies.get(name)
-        try:
-            plan = strat.space(trial, ctx)
-            pred, _, _ = strat.predict(plan, ctx.cost)
-        except InfeasiblePlanError as e:
-            trial.set_user_attr("infeasible", str(e))
-            _set_constraint(trial, 1.0)
-            return 0.0
-        trial.set_user_attr("plan", to_dict(plan))
-        trial.set_user_attr("prediction", to_dict(pred))
-        _set_constraint(trial, memory_constraint(pred))
-        if not pred.feasible:
-            trial.set_user_attr("infeasible", "; ".join(pred.violations))
-        return pred.samples_per_s
 
-    return objective
+class _EventSimulated(dict):
+    """A `seen` memo that remembers nothing and makes `score` call `Strategy.predict`."""
+
+    exact = True
+
+
+def _objective(trial, ctx: SearchContext, names: list[str], seen: dict) -> float:
+    """One trial: the family and its knobs from `trial`, then `score`."""
+    name = trial.suggest_categorical("strategy", names) if len(names) > 1 else names[0]
+    strat = strategies.get(name)
+    try:
+        plan = strat.space(trial, ctx)
+    except InfeasiblePlanError as e:
+        return infeasible(trial, e)
+    return score(trial, strat, plan, ctx, seen)
+
+
+def infeasible(trial, e: InfeasiblePlanError) -> float:
+    trial.set_user_attr("infeasible", str(e))
+    _set_constraint(trial, 1.0)
+    return 0.0
+
+
+def score(trial, strat, plan: Plan, ctx: SearchContext, seen: dict) -> float:
+    """The plan's prediction (from `seen` when the same plan was evaluated before), stored on the trial
+    with the plan; the trial's value is the predicted throughput."""
+    try:
+        if getattr(seen, "exact", False):
+            pred = strat.predict(plan, ctx.cost)[0]
+        else:
+            pred = seen.get(plan)
+            if pred is None:
+                pred = seen[plan] = strat.evaluate(plan, ctx.cost)
+    except InfeasiblePlanError as e:
+        return infeasible(trial, e)
+    trial.set_user_attr("plan", to_dict(plan))
+    trial.set_user_attr("prediction", to_dict(pred))
+    _set_constraint(trial, memory_constraint(pred))
+    if not pred.feasible:
+        trial.set_user_attr("infeasible", "; ".join(pred.violations))
+    return pred.samples_per_s
+
+
+def search_step(study: optuna.Study, ctx: SearchContext, names: list[str], trials: int, console: Console,
+                stop: Callable[[], bool], **run_kw) -> list[Candidate]:
+    """The search step: run the study up to `trials` (a resumed study only the missing ones) behind
+    a progress bar; every distinct feasible plan, best predicted first."""
+    before = len(study.trials)
+    if before:
+        console.print(f"resuming study {escape(repr(study.study_name))}: {before} trials already stored")
+    with Progress(TextColumn("search"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                  transient=True) as prog:
+        task = prog.add_task("trials", total=trials, completed=min(before, trials))
+        run_search(study, ctx, names, trials, callbacks=[lambda s, t: prog.advance(task)], stop=stop, **run_kw)
+    found = feasible_candidates(study)
+    console.print(f"{len(study.trials)} trials, {len(found)} distinct feasible plans")
+    return found
 
 
 def run_search(study: optuna.Study, ctx: SearchContext, names: list[str], trials: int,
-               callbacks=(), stop: Callable[[], bool] = lambda: False) -> None:
+               callbacks=(), stop: Callable[[], bool] = lambda: False, *, sampler: str = "evolve",
+               jobs: int = 1, seed: int = 0, trial_delay_s: float = 0.0) -> None:
+    """Fill `study` up to `trials` finished trials (the study's total: a resumed study runs only the
+    missing ones).  sampler "evolve": hetsim's own loop (`hetsim.search.sampler`), on an in-memory
+    copy whose trials are written to the study's storage in batches (`hetsim.search.persist`), by
+    `jobs` worker processes; "tpe": Optuna's seeded TPE trial by trial on `study` itself (what the
+    golden cases replay)."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if stop():  # Ctrl-C while profiling: keep what the study holds, run no trial
+        return
+    if sampler == "tpe":
+        _run_tpe(study, ctx, names, trials, callbacks, stop)
+        return
+    if sampler != "evolve":
+        raise ConfigError(f"sampler {sampler!r} is not one of ['evolve', 'tpe']")
+    from hetsim.search import loop  # it runs this module's objective
+
+    loop.run(study, ctx, names, trials, callbacks=callbacks, stop=stop, jobs=jobs, seed=seed,
+             trial_delay_s=trial_delay_s)
+
+
+def _run_tpe(study: optuna.Study, ctx: SearchContext, names: list[str], trials: int, callbacks, stop) -> None:
     objective = make_objective(ctx, names)
 
     def check_stop(st, tr):
         if stop():
             st.stop()
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    if stop():  # Ctrl-C while profiling: keep what the study holds, run no trial
-        return
     if not study.trials:
         seed_trials(study, ctx, names)
-    # `trials` is the study's total: a resumed study runs only the missing ones.
-    remaining = trials - len([t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE])
+    remaining = trials - complete_count(study)
     if remaining > 0:
         study.optimize(objective, n_trials=remaining, callbacks=[*callbacks, check_stop], catch=(), gc_after_trial=False)
 
 
-def seed_trials(study: optuna.Study, ctx: SearchContext, names: list[str]) -> int:
+def complete_count(study: optuna.Study) -> int:
+    return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+
+
+def seed_trials(study: optuna.Study, ctx: SearchContext, names: list[str], *, exact: bool = True) -> int:
     """Start a fresh study with every family's own plans (its baseline and `examples`), predicted and
     stored as completed trials, as one enqueues known configurations: the sampler starts from plans a
     person would try, and no family is lost to a search that gave it few trials (seen: a 100-trial
@@ -136,7 +246,8 @@ def seed_trials(study: optuna.Study, ctx: SearchContext, names: list[str]) -> in
                 continue
             seen.add(key)
             try:
-                pred, _, _ = strat.predict(plan, ctx.cost)
+                # exact: the event simulation, as a TPE study's seeds always were; else the closed form
+                pred = strat.predict(plan, ctx.cost)[0] if exact else strat.evaluate(plan, ctx.cost)
             except InfeasiblePlanError:
                 continue
             if not math.isfinite(pred.samples_per_s):
@@ -183,3 +294,19 @@ def stored_measurement(study: optuna.Study, plan: Plan) -> Measurement | None:
 
 def store_measurement(study: optuna.Study, plan: Plan, m: Measurement) -> None:
     study.set_user_attr(MEASURED_PREFIX + plan_key(plan), to_dict(m))
+
+
+def trial_table(study: optuna.Study) -> tuple[list[dict], list[tuple[int, float]]]:
+    """One row per trial for the report's trials.csv, and the optimisation history: (trial number,
+    predicted samples/s) of every feasible trial."""
+    trials, history = [], []
+    for t in study.trials:
+        row = {"number": t.number, "state": t.state.name, "value": t.value, **{f"param_{k}": v for k, v in t.params.items()},
+               "feasible": t.user_attrs.get("constraint", 1.0) <= 0, "infeasible": t.user_attrs.get("infeasible", "")}
+        pred = t.user_attrs.get("prediction")
+        if pred:
+            row.update({"pred_step_time_s": pred["step_time_s"], "pred_peak_mem_bytes": pred["peak_mem_bytes"]})
+            if row["feasible"]:
+                history.append((t.number, pred["samples_per_s"]))
+        trials.append(row)
+    return trials, history

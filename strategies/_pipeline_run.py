@@ -28,6 +28,7 @@ from torch import nn
 
 from hetsim.execution.memtrack import measure_step, peak_breakdown
 
+from ._contrastive import pipeline_loss
 from ._pipeline_sched import ZERO_BUBBLE, rank_stages
 from .helpers import apply_checkpointing, autocast, full_grads
 
@@ -67,7 +68,17 @@ class _Detach(nn.Module):
     """Ends a stage whose output would be a view: torch's zero-bubble schedules refuse views."""
 
     def forward(self, x):
-        return x.clone() if isinstance(x, torch.Tensor) and x._is_view() else x
+        if not isinstance(x, torch.Tensor):
+            return x
+        return x.clone(memory_format=torch.contiguous_format) if x._is_view() else x.contiguous()
+
+
+class _Contiguous(nn.Module):
+    """Ends a stage whose output is not contiguous (torchvision's ViT encoder layers hand on a
+    permuted layout from MultiheadAttention): the stage send refuses it."""
+
+    def forward(self, x):
+        return x.contiguous() if isinstance(x, torch.Tensor) else x
 
 
 class PipelineExecutor:
@@ -114,9 +125,8 @@ class PipelineExecutor:
             apply_checkpointing(seq, max(0, min(hi, checkpoint_blocks) - lo))
             seq.to(ctx.device)
             self.seqs.append(seq)
-            sub: nn.Module = seq
-            if schedule in ZERO_BUBBLE:
-                sub = nn.Sequential(OrderedDict([("stage", seq), ("detach", _Detach())]))
+            end = _Detach() if schedule in ZERO_BUBBLE else _Contiguous()
+            sub: nn.Module = nn.Sequential(OrderedDict([("stage", seq), ("detach", end)]))
             stages.append(PipelineStage(sub, s, n_stages, ctx.device, group=pp_group))
         del full
 
@@ -126,10 +136,13 @@ class PipelineExecutor:
             ctx.emulator.wrap_optimizer(self.opt)
 
         gb = sum(replica_batches)
-        scale = 1.0 / gb
+        self.scale = 1.0 / gb
 
         def loss_fn(out, y):
-            return wl.loss_sum(out.float(), y) * scale
+            return wl.loss_sum(out.float(), y) * self.scale
+
+        if wl.batch_coupled:  # one micro-batch per replica (pipeline.check_common): the global batch's loss
+            loss_fn = pipeline_loss(wl, replica_batches, dp_group, 1.0)
 
         cls = get_schedule_class(schedule)
         kw = {"loss_fn": loss_fn}
@@ -148,6 +161,12 @@ class PipelineExecutor:
         self.x = x[lo:hi].to(ctx.device)
         self.y = y[lo:hi].to(ctx.device)
         self.dp_group = dp_group
+
+    def load_batch(self, x, y, global_size: int) -> None:
+        """Train on this replica's samples (x, y) of a global batch of `global_size` next (hetsim.train);
+        every rank of a replica gets the same samples (the first stage reads x, the last y)."""
+        self.x, self.y = x.to(self.ctx.device), y.to(self.ctx.device)
+        self.scale = 1.0 / global_size
 
     def _forward_backward(self) -> float | None:
         args = (self.x,) if self.is_first else ()

@@ -116,7 +116,7 @@ def _single_stage_actions(schedule: str, n_ranks: int, m: int) -> tuple[tuple[Ac
     return tuple(out)
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=4096)
 def _torch_actions(schedule: str, n_ranks: int, m: int, v: int) -> tuple[tuple[Action, ...], ...]:
     """Read torch's own `pipeline_order` for a multi-stage schedule (stand-in stages, no group)."""
     from types import SimpleNamespace

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from hetsim.model.batchsplit import split_evenly
 from hetsim.model.memory import fsdp_gather_bytes, zero1_owned_counts
 from hetsim.model.simulator import Resource, TaskGraph, TaskKind
 
 from .ddp import data_parallel_graph
-from .helpers import split_evenly
 
 if TYPE_CHECKING:
     from hetsim.model.costmodel import CostModel
@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 def zero1_graph(plan: ZeROPlan, cost: CostModel) -> TaskGraph:
     """DDP's step with each rank stepping only the parameters it owns, then the owners broadcast them."""
     owned = zero1_owned_counts(cost, len(plan.devices))
-    g = data_parallel_graph(cost, plan.devices, plan.local_batch, plan.accum_steps, plan.precision,
-                            plan.checkpoint_blocks, [float(c) for c in owned])
+    g = data_parallel_graph(cost, plan.devices, plan.local_batch, plan.chunks, plan.precision,
+                            plan.checkpoint_blocks, [float(c) for c in owned], grad_cache=plan.grad_cache_chunks > 1)
     opts = [t.tid for t in g.tasks if t.kind == TaskKind.OPTIMIZER]
     # ZeroRedundancyOptimizer broadcasts every owner's parameters: all-gather volume of the whole model.
     g.add(Resource.COMM, TaskKind.ALLGATHER, cost.allgather_s(cost.param_bytes(), tuple(plan.devices)), opts,
@@ -58,39 +58,70 @@ class _Sharded:
 def sharded_graph(plan: ZeROPlan, cost: CostModel) -> TaskGraph:
     """FSDP2: per-block all-gather before forward (and before backward for ZeRO-3), per-block
     reduce-scatter after backward, on one shared communication channel; the optimizer steps
-    the local shard (on the host with offload)."""
+    the local shard (on the host with offload).  A batch-coupled loss adds the all-gather of every
+    rank's outputs: after a no-graph pass over every chunk (gradient cache), or between each
+    forward and its backward."""
     st = _Sharded(plan, cost)
-    for j in range(plan.accum_steps):
-        sizes = [split_evenly(b, plan.accum_steps)[j] for b in plan.local_batch]
-        prev_f = _sharded_forward(st, j, sizes)
+    coupled = cost.facts.batch_coupled
+    grad_cache = plan.grad_cache_chunks > 1
+    gather = None
+    if coupled and grad_cache:  # the no-graph pass over every chunk, then the outputs' gather
+        prev: list[int | None] = [None] * st.shards
+        for j in range(plan.chunks):
+            prev = _sharded_forward(st, f"N{j}", _chunk_sizes(plan, j), prev, {})
+        gather = _gather_outputs(st, prev, moves=1)
+    for j in range(plan.chunks):
+        sizes = _chunk_sizes(plan, j)
+        # A blocking rank starts the next micro-step's forward after its last reduce-scatter.
+        prev_f: list[int | None] = [st.rs_prev if st.blocking else None] * st.shards
+        if gather is not None and j == 0:
+            prev_f = [gather] * st.shards
+        prev_f = _sharded_forward(st, str(j), sizes, prev_f, st.fwd_start)
+        if coupled and not grad_cache:  # every rank's outputs, for the loss, before any backward
+            prev_f = [_gather_outputs(st, prev_f, moves=2)] * st.shards
         _sharded_backward(st, j, sizes, prev_f)
     _sharded_optimizer(st)
     return st.g
 
 
-def _sharded_forward(st: _Sharded, j: int, sizes: list[int]) -> list[int | None]:
-    """Micro-step j's forward: block k's all-gather is issued at block k's pre-forward; on CUDA the
-    host runs ahead of the kernels, so it overlaps block k-1's compute; a blocking rank waits for it.
-    A blocking rank starts the next micro-step's forward after its last reduce-scatter."""
+def _chunk_sizes(plan: ZeROPlan, j: int) -> list[int]:
+    """Every rank's samples in micro-step (or gradient-cache chunk) j."""
+    return [split_evenly(b, plan.chunks)[j] for b in plan.local_batch]
+
+
+def _sharded_forward(st: _Sharded, tag: str, sizes: list[int], prev_f: list[int | None],
+                     fwd_start: dict[tuple[int, int], int]) -> list[int | None]:
+    """One forward over every block after `prev_f`: block k's all-gather is issued at block k's
+    pre-forward; on CUDA the host runs ahead of the kernels, so it overlaps block k-1's compute; a
+    blocking rank waits for it.  Returns each rank's last forward task."""
     plan, cost, g = st.plan, st.cost, st.g
-    prev_f: list[int | None] = [st.rs_prev if st.blocking else None] * st.shards
+    prev_f = list(prev_f)
     for k in range(cost.facts.n_blocks):
         pk = cost.param_bytes(k, k + 1)
         ag = None
         if pk:
             ahead = 1 if st.blocking else 2
-            deps = [st.fwd_start.get((i, k - ahead)) for i in range(st.shards)]
-            ag = g.add(Resource.COMM, TaskKind.ALLGATHER, st.gather_s(pk), deps, label=f"AG{j}.{k}")
+            deps = [fwd_start.get((i, k - ahead)) for i in range(st.shards)]
+            ag = g.add(Resource.COMM, TaskKind.ALLGATHER, st.gather_s(pk), deps, label=f"AG{tag}.{k}")
         for i, d in enumerate(st.devs):
             dur = cost.fwd_s(d, k, k + 1, sizes[i], plan.precision)
             if k == 0:
                 dur += cost.overhead_s(d, sizes[i])
             if plan.offload and pk:
                 dur += host_copy_s(cost, d, pk / st.shards)
-            tid = g.add(Resource.device(d), TaskKind.FORWARD, dur, [ag, prev_f[i]], label=f"F{j}.{k}")
-            st.fwd_start[(i, k)] = tid
+            tid = g.add(Resource.device(d), TaskKind.FORWARD, dur, [ag, prev_f[i]], label=f"F{tag}.{k}")
+            fwd_start[(i, k)] = tid
             prev_f[i] = tid
     return prev_f
+
+
+def _gather_outputs(st: _Sharded, after: list[int | None], moves: int) -> int:
+    """The batch-coupled loss's all-gather of every rank's (padded) outputs (`moves` 2: and its
+    backward, which moves the gradients back)."""
+    plan, cost = st.plan, st.cost
+    padded = cost.base_profile.blocks[-1].out_bytes_per_sample * max(plan.local_batch) * st.shards
+    return st.g.add(Resource.COMM, TaskKind.ALLGATHER, moves * cost.allgather_s(padded, st.devs), after,
+                    label="gather outputs (global negatives)")
 
 
 def _sharded_backward(st: _Sharded, j: int, sizes: list[int], prev_f: list[int | None]) -> None:
@@ -127,7 +158,7 @@ def _sharded_backward(st: _Sharded, j: int, sizes: list[int], prev_f: list[int |
         if pk:
             rs = g.add(Resource.COMM, TaskKind.REDUCESCATTER, cost.allgather_s(pk, st.devs), bids, label=f"RS{j}.{k}")
             st.rs_prev = rs
-            if j == plan.accum_steps - 1:
+            if j == plan.chunks - 1:
                 st.last_rs.append(rs)
 
 

@@ -8,7 +8,8 @@ It has three faces over one frozen `Plan` type:
   (`"<family>.<knob>"`) and solves the rest exactly; `examples`/`baseline` name known plans;
 - simulation: `graph(plan, cost)` is the step as tasks on resources (`Resource`, `TaskKind`),
   `memory(plan, cost)` the peak bytes per device; `predict` (not overridden) combines them into
-  a `Predicted` (prediction, schedule, graph);
+  a `Predicted` (prediction, schedule, graph); `step_timing` may give the same step time in
+  closed form, which `evaluate` (what the search calls per trial) then uses;
 - real run: `executor(plan, ctx)` builds an `Executor` on each torchrun rank.
 
 Shared rules (batch splits, search choices, autocast, checkpointing) are in `hetsim.strategies.helpers`;
@@ -23,7 +24,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
 from hetsim.errors import InfeasiblePlanError
-from hetsim.model.simulator import Resource, Schedule, TaskGraph, TaskKind, run_steady
+from hetsim.model.simulator import (
+    Resource,
+    Schedule,
+    SteadyRun,
+    StepTiming,
+    TaskGraph,
+    TaskKind,
+    run_steady,
+)
 from hetsim.types import MemoryBreakdown, Prediction
 
 if TYPE_CHECKING:  # torch and optuna stay out of the simulation path
@@ -251,6 +260,11 @@ class Strategy(ABC):
     def memory(self, plan: Plan, cost: CostModel) -> tuple[MemoryBreakdown, ...]:
         """Peak bytes per plan device, in plan order."""
 
+    def counterparts(self, plan: Plan, cost: CostModel) -> list[Plan]:
+        """Plans the search should also run when it runs `plan`, to show what its choices bought
+        (tp: the even-shard plan of the same devices beside an uneven one).  Default: none."""
+        return []
+
     def label(self, plan: Plan) -> str:
         """A one-line human label of the plan (reports, progress lines)."""
         return f"{self.name} on {list(plan.devices)}"
@@ -258,40 +272,64 @@ class Strategy(ABC):
     def validate(self, plan: Plan, cost: CostModel) -> None:
         """Raise InfeasiblePlanError with the value, the limit and what to do.  Overrides call super()."""
         n = cost.n_devices
-        bad = [d for d in plan.devices if not 0 <= d < n]
-        if bad or not plan.devices:
+        devs = plan.devices
+        bad = [d for d in devs if not 0 <= d < n] if not devs or min(devs) < 0 or max(devs) >= n else []
+        if bad or not devs:
             raise InfeasiblePlanError(f"plan uses device(s) {bad or '[]'}; the cluster has devices 0..{n - 1}")
-        if len(set(plan.devices)) != len(plan.devices):
-            raise InfeasiblePlanError(f"plan lists a device twice: {list(plan.devices)}")
-        problem = cost.precision_problem(plan.devices, getattr(plan, "precision", "fp32"))
+        if len(set(devs)) != len(devs):
+            raise InfeasiblePlanError(f"plan lists a device twice: {list(devs)}")
+        precision = getattr(plan, "precision", "fp32")
+        problem = cost.memo(("precision_problem", devs, precision), lambda: cost.precision_problem(devs, precision))
         if problem:
             raise InfeasiblePlanError(problem)
 
+    def step_timing(self, plan: Plan, cost: CostModel) -> StepTiming | None:
+        """The plan's step timing in closed form, equal to what `predict`'s event simulation gives
+        (relative 1e-9); None where only the event simulation can tell (the default)."""
+        return None
+
+    def evaluate(self, plan: Plan, cost: CostModel) -> Prediction:
+        """The plan's prediction, as `predict` gives it, by the closed form where the family has one:
+        what the search calls per trial (no task graph, no schedule to show)."""
+        self.validate(plan, cost)
+        timing = self.step_timing(plan, cost)
+        if timing is None:
+            g = self.graph(plan, cost)
+            timing = self._timing_of(plan, cost, g, run_steady(g))
+        return self._prediction(plan, cost, timing)
+
     def predict(self, plan: Plan, cost: CostModel) -> Predicted:
-        """Validate, simulate two steps back to back, check memory against every device's capacity."""
+        """The prediction from the event simulation (the reference: two steps back to back, memory
+        against every device's capacity), with the first step's schedule and task graph."""
         self.validate(plan, cost)
         g = self.graph(plan, cost)
         steady = run_steady(g)
+        return Predicted(self._prediction(plan, cost, self._timing_of(plan, cost, g, steady)), steady.step, g)
+
+    def _timing_of(self, plan: Plan, cost: CostModel, g: TaskGraph, steady: SteadyRun) -> StepTiming:
         sched = steady.step
+        busy = tuple(sched.busy_s(g, Resource.device(d), TaskKind.COMPUTE) for d in plan.devices)
+        return StepTiming(period_s=steady.period_s, busy_s=busy, breakdown_s=self.breakdown(plan, cost, g, sched))
+
+    def _prediction(self, plan: Plan, cost: CostModel, timing: StepTiming) -> Prediction:
         mem = self.memory(plan, cost)
-        caps = tuple(cost.device(d).memory_bytes for d in plan.devices)
+        caps = cost.memo(("capacity_bytes", plan.devices), lambda: tuple(cost.device(d).memory_bytes for d in plan.devices))
         violations = memory_violations(plan, cost, mem, caps)
-        step = steady.period_s
-        busy = [sched.busy_s(g, Resource.device(d), TaskKind.COMPUTE) for d in plan.devices]
+        step = timing.period_s
+        busy = timing.busy_s
         bubble = 1.0 - (sum(busy) / (len(busy) * step)) if step > 0 and busy else 0.0
-        pred = Prediction(
+        return Prediction(
             step_time_s=step,
             samples_per_s=plan.global_batch / step if step > 0 else 0.0,
-            peak_mem_bytes=tuple(m.total_bytes for m in mem),
+            peak_mem_bytes=tuple([m.total_bytes for m in mem]),
             memory=mem,
             capacity_bytes=caps,
             feasible=not violations,
             violations=tuple(violations),
             bubble_fraction=max(0.0, bubble),
-            breakdown_s=self.breakdown(plan, cost, g, sched),
+            breakdown_s=timing.breakdown_s,
             warnings=self.warnings(plan, cost),
         )
-        return Predicted(pred, sched, g)
 
     def warnings(self, plan: Plan, cost: CostModel) -> tuple[str, ...]:
         """Why a feasible plan may still train badly (shown beside its prediction)."""

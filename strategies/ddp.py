@@ -13,10 +13,13 @@ from typing import TYPE_CHECKING
 
 from hetsim.errors import InfeasiblePlanError
 from hetsim.model.memory import data_parallel_memory  # the memory model of ddp and zero
-from hetsim.model.simulator import Resource, TaskGraph, TaskKind
+from hetsim.model.simulator import Resource, StepTiming, TaskGraph, TaskKind
 from hetsim.types import MemoryBreakdown
 
 from . import register
+from ._contrastive import GlobalBatchLoss
+from ._coupled import check_chunks, choose_grad_cache, coupled_gather, coupled_terms
+from ._dp_closed import buckets, data_parallel_timing
 from .base import Plan, SearchContext, Strategy, WorkerContext
 from .helpers import (
     apply_checkpointing,
@@ -36,8 +39,6 @@ from .helpers import (
 if TYPE_CHECKING:
     from hetsim.model.costmodel import CostModel
 
-BUCKET_CAP_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
-FIRST_BUCKET_BYTES = 1 * 2**20  # DDP's first (smallest) bucket
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,46 +48,47 @@ class DDPPlan(Plan):
     """Samples per optimizer step on each plan device (uneven on mismatched devices)."""
     accum_steps: int = 1
     """Gradient-accumulation micro-steps per optimizer step (no_sync on all but the last)."""
+    grad_cache_chunks: int = 1
+    """Batch-coupled (contrastive) losses only, in place of accumulation: the gradient cache's chunks
+    per local batch (1: off).  The loss stays the whole global batch's; each chunk's activations
+    live alone, at the cost of a second forward (hetsim.strategies._contrastive)."""
 
     @property
     def global_batch(self) -> int:
         return sum(self.local_batch)
 
-
-def buckets(cost: CostModel) -> list[tuple[int, int]]:
-    """DDP gradient buckets as (lowest block, bytes), in the order they become ready (last block first)."""
-    out: list[tuple[int, int]] = []
-    cap, size, low = FIRST_BUCKET_BYTES, 0, None
-    for k in reversed(range(cost.facts.n_blocks)):
-        pb = cost.param_bytes(k, k + 1)
-        if pb == 0:
-            continue
-        size += pb
-        low = k
-        if size >= cap:
-            out.append((low, size))
-            cap, size, low = BUCKET_CAP_BYTES, 0, None
-    if size:
-        out.append((low, size))  # type: ignore[arg-type]
-    return out
+    @property
+    def chunks(self) -> int:
+        """Micro-steps of a local batch: accumulation steps or gradient-cache chunks (one of them is 1)."""
+        return self.accum_steps * self.grad_cache_chunks
 
 
 def data_parallel_graph(cost: CostModel, devices: tuple[int, ...], local_batch: tuple[int, ...], accum: int,
                         precision: str, ckpt: int, opt_params: list[float],
-                        extra_before_opt=None) -> TaskGraph:
-    """Per-device micro-steps, DDP bucketed all-reduce after the last backward, optimizer step."""
+                        extra_before_opt=None, grad_cache: bool = False) -> TaskGraph:
+    """Per-device micro-steps, DDP bucketed all-reduce after the last backward, optimizer step.
+
+    A batch-coupled loss gathers every rank's outputs between the forward and the backward (one
+    all-gather of the padded outputs; without the gradient cache its backward moves them back):
+    every rank's backward waits for the slowest forward.  `grad_cache`: `accum` counts chunks, all
+    forwarded once without a graph before the gather, then again, each with its backward."""
     n = cost.facts.n_blocks
     g = TaskGraph()
     bwd_done: dict[tuple[int, int], int] = {}
+    sizes = [split_evenly(b, accum) if grad_cache else [b] for b in local_batch]
+    gather = coupled_gather(g, cost, devices, sizes, grad_cache, precision)
     for i, d in enumerate(devices):
         res = Resource.device(d)
         micro = split_evenly(local_batch[i], accum)
         for j, m in enumerate(micro):
-            g.add(res, TaskKind.FORWARD, cost.fwd_s(d, 0, n, m, precision) + cost.overhead_s(d, m), label=f"F{j}")
+            after = [gather] if j == 0 else []
+            if gather is None or grad_cache:  # a plain coupled step ran its forward before the gather
+                g.add(res, TaskKind.FORWARD, cost.fwd_s(d, 0, n, m, precision) + cost.overhead_s(d, m), after, label=f"F{j}")
             last = j == len(micro) - 1
             for k in reversed(range(n)):
                 dur = cost.bwd_s(d, k, k + 1, m, precision) + cost.recompute_s(d, k, k + 1, m, precision, ckpt)
-                tid = g.add(res, TaskKind.BACKWARD, dur, label=f"B{j}.{k}")
+                tid = g.add(res, TaskKind.BACKWARD, dur, after, label=f"B{j}.{k}")
+                after = []
                 if last:
                     bwd_done[(i, k)] = tid
     group = tuple(devices)
@@ -116,16 +118,28 @@ class DDP(Strategy):
         devices = choose_devices(trial, ctx, self.param)
         precision, ckpt = choose_common(trial, ctx, devices, self.param)
         accum = choose_accum(trial, ctx, self.param)
-        local = balance_batch(ctx.cost, devices, ctx.global_batch, accum, precision, ckpt, local_floor(ctx, accum))
-        return DDPPlan(devices=devices, local_batch=local, accum_steps=accum, precision=precision, checkpoint_blocks=ckpt)
+        gc = choose_grad_cache(trial, ctx, self.param)
+        chunks = accum * gc
+        cost = ctx.cost
+
+        def memory_of(dev: int, micro: int) -> MemoryBreakdown:
+            return data_parallel_memory(cost, dev, micro, precision, ckpt,
+                                        coupled=coupled_terms(cost, ctx.global_batch, micro * chunks, gc > 1))
+
+        local = balance_batch(cost, devices, ctx.global_batch, chunks, precision, ckpt, local_floor(ctx, chunks),
+                              memory_fn=memory_of, grad_cache=gc > 1)
+        return DDPPlan(devices=devices, local_batch=local, accum_steps=accum, grad_cache_chunks=gc,
+                       precision=precision, checkpoint_blocks=ckpt)
 
     def examples(self, ctx: SearchContext) -> list[DDPPlan]:
         n = ctx.cost.n_devices
         devs = tuple(range(n))
         uneven = uneven_split(ctx.global_batch, n)
+        # A batch-coupled loss splits its batch with the gradient cache where others accumulate.
+        split = {"grad_cache_chunks": 2} if ctx.cost.facts.batch_coupled else {"accum_steps": 2}
         return self.buildable(ctx.cost, [
             lambda: self.baseline(ctx),
-            lambda: DDPPlan(devices=devs, local_batch=uneven, accum_steps=2),
+            lambda: DDPPlan(devices=devs, local_batch=uneven, **split),
             lambda: DDPPlan(devices=devs, local_batch=uneven, checkpoint_blocks=ctx.cost.facts.n_blocks // 2),
         ])
 
@@ -144,11 +158,14 @@ class DDP(Strategy):
             raise InfeasiblePlanError(
                 f"ddp plan local batches {list(plan.local_batch)} must each be >= accum_steps ({plan.accum_steps})"
             )
+        check_chunks(plan, cost, "ddp")
 
     def label(self, plan: DDPPlan) -> str:
         s = f"ddp {'/'.join(map(str, plan.local_batch))} on dev {','.join(map(str, plan.devices))}"
         if plan.accum_steps > 1:
             s += f" accum {plan.accum_steps}"
+        if plan.grad_cache_chunks > 1:
+            s += f" grad-cache {plan.grad_cache_chunks}"
         if plan.precision != "fp32":
             s += f" {plan.precision}"
         if plan.checkpoint_blocks:
@@ -156,14 +173,22 @@ class DDP(Strategy):
         return s
 
     def warnings(self, plan: DDPPlan, cost) -> tuple[str, ...]:
-        micro = tuple(-(-b // plan.accum_steps) for b in plan.local_batch)
+        micro = tuple(-(-b // plan.chunks) for b in plan.local_batch)
         msg = batchnorm_warning(cost, plan.devices, micro)
         return (msg,) if msg else ()
 
+    def step_timing(self, plan: DDPPlan, cost) -> StepTiming | None:
+        if cost.facts.batch_coupled:  # the outputs' gather and the gradient cache: event simulation only
+            return None
+        count = float(cost.param_count())
+        return data_parallel_timing(cost, plan.devices, plan.local_batch, plan.accum_steps, plan.precision,
+                                    plan.checkpoint_blocks, (count,) * len(plan.devices))
+
     def graph(self, plan: DDPPlan, cost) -> TaskGraph:
         count = cost.param_count()
-        return data_parallel_graph(cost, plan.devices, plan.local_batch, plan.accum_steps, plan.precision,
-                                   plan.checkpoint_blocks, [count] * len(plan.devices))
+        return data_parallel_graph(cost, plan.devices, plan.local_batch, plan.chunks, plan.precision,
+                                   plan.checkpoint_blocks, [count] * len(plan.devices),
+                                   grad_cache=plan.grad_cache_chunks > 1)
 
     def why_never_fits(self, ctx: SearchContext) -> str | None:
         """When no device can hold even the smallest data-parallel footprint (the whole training state,
@@ -190,7 +215,8 @@ class DDP(Strategy):
 
     def memory(self, plan: DDPPlan, cost) -> tuple[MemoryBreakdown, ...]:
         return tuple(
-            data_parallel_memory(cost, d, -(-b // plan.accum_steps), plan.precision, plan.checkpoint_blocks)
+            data_parallel_memory(cost, d, -(-b // plan.chunks), plan.precision, plan.checkpoint_blocks,
+                                 coupled=coupled_terms(cost, plan.global_batch, b, plan.grad_cache_chunks > 1))
             for d, b in zip(plan.devices, plan.local_batch)
         )
 
@@ -210,13 +236,26 @@ class DataParallelExecutor:
         x, y = ctx.workload.make_batch(plan.global_batch, ctx.seed)
         lo = sum(plan.local_batch[: ctx.rank])
         hi = lo + plan.local_batch[ctx.rank]
-        sizes = split_evenly(hi - lo, plan.accum_steps)
+        sizes = split_evenly(hi - lo, plan.accum_steps * plan.grad_cache_chunks)
+        # A batch-coupled loss (InfoNCE) is taken over every rank's outputs, gathered (_contrastive).
+        self.coupled = (GlobalBatchLoss(ctx.workload, plan.local_batch, ctx.rank, ctx.device, plan.precision)
+                        if ctx.workload.batch_coupled else None)
         self.micro = [(a.to(ctx.device), b.to(ctx.device)) for a, b in zip(torch.split(x[lo:hi], sizes),
                                                                          torch.split(y[lo:hi], sizes))]
         # DDP and FSDP average over ranks: scaling each rank's loss sum by world/global gives the
         # full-batch mean gradient whatever the split (FACTS: FSDP averages like DDP).
         self.scale = ctx.world_size / plan.global_batch
         self.scaler = None
+
+    def load_batch(self, x, y, global_size: int) -> None:
+        """Train on this rank's samples (x, y) of a global batch of `global_size` next (hetsim.train):
+        split into the plan's micro-steps, the loss scaled for the new global size."""
+        import torch
+
+        sizes = split_evenly(len(x), min(self.plan.accum_steps, len(x)))
+        dev = self.ctx.device
+        self.micro = [(a.to(dev), b.to(dev)) for a, b in zip(torch.split(x, sizes), torch.split(y, sizes))]
+        self.scale = self.ctx.world_size / global_size
 
     def _build_model(self):
 
@@ -230,9 +269,12 @@ class DataParallelExecutor:
         import contextlib
 
 
-        with autocast(self.ctx.device, self.plan.precision) if low_precision else contextlib.nullcontext():
-            out = module(x)
-        loss = self.ctx.workload.loss_sum(out.float(), y) * self.scale
+        if self.coupled is not None:  # the global batch's loss; the gather's backward needs no scaling
+            loss = self.coupled.plain(module, x, y, low_precision)
+        else:
+            with autocast(self.ctx.device, self.plan.precision) if low_precision else contextlib.nullcontext():
+                out = module(x)
+            loss = self.ctx.workload.loss_sum(out.float(), y) * self.scale
         (self.scaler.scale(loss) if self.scaler else loss).backward()
         return float(loss.detach())
 
@@ -276,6 +318,10 @@ class DDPExecutor(DataParallelExecutor):
         return opt, opt
 
     def _forward_backward(self) -> float:
+        low = self.plan.precision != "fp32"
+        if self.plan.grad_cache_chunks > 1:
+            return self.coupled.grad_cache(self.model, self.ddp, self.micro, self.ddp.no_sync, low,
+                                           self.ctx.world_size)
         total = 0.0
         for j, (x, y) in enumerate(self.micro):
             sync = j == len(self.micro) - 1

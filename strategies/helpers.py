@@ -6,8 +6,10 @@ names its search parameters and builds its model by the same rules:
 - search parameters: `name(name)` gives the Optuna name `"<family>.<name>"`;
   `choose_devices`, `choose_common`, `choose_accum` suggest the knobs most families have;
 - batch splits: `split_evenly` (a local batch into accumulation micro-batches, a global batch
-  into equal shares), `uneven_split` (an example uneven split), `balance_batch` (the exact
+  into equal shares; hetsim.model.batchsplit's), `min_max_split` (the exact min-max split of
+  samples over workers of different speeds, also hetsim.model.batchsplit's), `uneven_split` (an example uneven split), `balance_batch` (the exact
   min-max split of a data-parallel step over mismatched devices);
+- search memo: `memo_solve` (an exact inner solver once per outer choice);
 - rules: `min_micro_batch` (BatchNorm needs two samples per micro-batch), `batchnorm_warning`,
   `precision_ok`;
 - real runs: `apply_checkpointing`, `autocast` (hetsim.workloads.precision's, re-exported),
@@ -16,7 +18,6 @@ names its search parameters and builds its model by the same rules:
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -25,9 +26,10 @@ from torch import nn
 
 from hetsim.errors import InfeasiblePlanError
 from hetsim.hardware.cluster import interchangeable_groups
+from hetsim.model.batchsplit import min_max_split, split_evenly
 from hetsim.model.memory import data_parallel_memory
+from hetsim.names import BN_MIN_SAMPLES, min_samples_per_micro_batch
 from hetsim.types import MemoryBreakdown
-from hetsim.workloads.builtin import BN_MIN_SAMPLES, min_samples_per_micro_batch
 from hetsim.workloads.precision import autocast
 
 from .base import param
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
 
     from hetsim.model.costmodel import CostModel
 
-    from .base import SearchContext
+    from .base import Plan, SearchContext
 
 __all__ = [
     "BN_MIN_MICRO_BATCH",
@@ -52,6 +54,8 @@ __all__ = [
     "clean_name",
     "full_grads",
     "local_floor",
+    "memo_solve",
+    "min_max_split",
     "min_micro_batch",
     "ParamName",
     "param",
@@ -131,13 +135,6 @@ def precision_ok(cost: CostModel, dev: int, precision: str) -> bool:
 # ----------------------------------------------------------------------------- batch splits
 
 
-def split_evenly(total: int, parts: int) -> list[int]:
-    """`total` samples in `parts` parts as evenly as possible (the first ones take the remainder):
-    a local batch into accumulation micro-batches, or a global batch into equal local batches."""
-    base, rem = divmod(total, parts)
-    return [base + (1 if j < rem else 0) for j in range(parts)]
-
-
 def uneven_split(global_batch: int, n: int) -> tuple[int, ...]:
     """An example uneven split: device 0 takes what the others, at gb // (n + 1) each, leave."""
     if n == 1:
@@ -159,25 +156,20 @@ def local_floor(ctx: SearchContext, accum: int) -> int:
 
 def balance_batch(cost: CostModel, devices: tuple[int, ...], global_batch: int, accum: int,
                   precision: str, ckpt: int, min_local: int, *,
-                  memory_fn: Callable[[int, int], MemoryBreakdown] | None = None) -> tuple[int, ...]:
-    """Exact min-max split: each next sample goes to the device that finishes it soonest.
-
-    Per-device step time is non-decreasing in its batch, so this greedy is optimal for
-    the slowest-device objective.  Memory caps bound each device's share when they can;
-    `memory_fn(device, micro_batch)` gives a family's own memory model (default: plain DDP's).
-
-    A heap of (time with one more sample, position) keeps the greedy at O(batch log devices)
-    step-time evaluations instead of O(batch x devices); ties go to the lowest position, as a
-    linear scan would.  A device that cannot fit one more sample never can later (its share no
-    longer changes), so it leaves the heap for good.
-    """
+                  memory_fn: Callable[[int, int], MemoryBreakdown] | None = None,
+                  grad_cache: bool = False) -> tuple[int, ...]:
+    """The exact min-max split (`min_max_split`) of a data-parallel step over mismatched devices:
+    each next sample goes to the device that finishes it soonest.  Memory caps bound each
+    device's share when they can; `memory_fn(device, micro_batch)` gives a family's own memory
+    model (default: plain DDP's).  `grad_cache`: `accum` counts gradient-cache chunks, each
+    forwarded twice."""
     floor = max(min_local, accum)
     if floor * len(devices) > global_batch:
         raise InfeasiblePlanError(
             f"global batch {global_batch} cannot give each of {len(devices)} devices at least {floor} samples "
             f"(min local batch {min_local}, {accum} accumulation steps); raise --global-batch or use fewer devices"
         )
-    step_time = _data_parallel_step_time(cost, devices, accum, precision, ckpt)
+    step_time = _data_parallel_step_time(cost, devices, accum, precision, ckpt, grad_cache)
     fit_memo: dict[tuple[int, int], bool] = {}
 
     def fits(i: int, b: int) -> bool:
@@ -189,39 +181,25 @@ def balance_batch(cost: CostModel, devices: tuple[int, ...], global_batch: int, 
             fit_memo[key] = m.total_bytes <= cost.device(d).memory_bytes
         return fit_memo[key]
 
-    extra = global_batch - floor * len(devices)
-    for respect_memory in (True, False):
-        local = [floor] * len(devices)
-        heap = [(step_time(i, floor + 1), i) for i in range(len(devices))]
-        heapq.heapify(heap)
-        placed = 0
-        while placed < extra and heap:
-            _, i = heapq.heappop(heap)
-            if respect_memory and not fits(i, local[i] + 1):
-                continue
-            local[i] += 1
-            placed += 1
-            heapq.heappush(heap, (step_time(i, local[i] + 1), i))
-        if placed == extra:
-            break
-    return tuple(local)
+    return min_max_split(len(devices), global_batch, floor, step_time, fits)
 
 
 def _data_parallel_step_time(cost: CostModel, devices: tuple[int, ...], accum: int, precision: str,
-                             ckpt: int) -> Callable[[int, int], float]:
+                             ckpt: int, grad_cache: bool) -> Callable[[int, int], float]:
     """(position in `devices`, local batch) -> that device's compute and optimizer time, memoised."""
     n = cost.facts.n_blocks
     opt_params = cost.param_count()
+    forwards = 2 if grad_cache else 1
 
     def compute_time(d: int, b: int) -> float:
-        t = sum(cost.fwd_s(d, 0, n, m, precision) + cost.bwd_s(d, 0, n, m, precision)
-                + cost.recompute_s(d, 0, n, m, precision, ckpt) + cost.overhead_s(d, m)
+        t = sum(cost.fwd_s(d, 0, n, m, precision) * forwards + cost.bwd_s(d, 0, n, m, precision)
+                + cost.recompute_s(d, 0, n, m, precision, ckpt) + cost.overhead_s(d, m) * forwards
                 for m in split_evenly(b, accum))
         return t + cost.opt_s(d, opt_params)
 
     def step_time(i: int, b: int) -> float:
         d = devices[i]
-        return cost.memo(("ddp_step", d, b, accum, precision, ckpt), lambda: compute_time(d, b))
+        return cost.memo(("ddp_step", d, b, accum, precision, ckpt, grad_cache), lambda: compute_time(d, b))
 
     return step_time
 
@@ -279,3 +257,19 @@ def full_grads(model: nn.Module) -> dict[str, torch.Tensor]:
             g = g.full_tensor()
         out[clean_name(name)] = g.detach().clone()
     return out
+
+
+def memo_solve(cost: CostModel, key: tuple, solve: Callable[[], Plan]) -> Plan:
+    """`solve()` once per key, its InfeasiblePlanError too: a search meets the same outer choices
+    (the same ordered devices, schedule, micro-batches...) many times, and an exact inner solver
+    (a pipeline's stage boundaries) is deterministic in them."""
+    table = cost.memo_table("solve")
+    found = table.get(key)
+    if found is None:
+        try:
+            found = table[key] = solve()
+        except InfeasiblePlanError as e:
+            found = table[key] = e
+    if isinstance(found, InfeasiblePlanError):
+        raise InfeasiblePlanError(str(found))
+    return found

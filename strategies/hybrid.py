@@ -42,7 +42,7 @@ from ._pipeline_sched import (
     stage_rank,
 )
 from .base import Plan, SearchContext, Strategy, WorkerContext
-from .helpers import choose_common, min_micro_batch
+from .helpers import choose_common, memo_solve, min_micro_batch
 from .pipeline import (
     check_common,
     choose_microbatches,
@@ -183,9 +183,11 @@ class Hybrid(Strategy):
         v = choose_stages_per_rank(trial, self.param, schedule, P, ctx.cost.facts.n_blocks)
         m = choose_microbatches(trial, ctx, self.param, schedule, P, v, replicas=R)
         precision, ckpt = choose_common(trial, ctx, devices, self.param)
-        return self.solve(ctx.cost, devices, replicas=R, schedule=schedule, stages_per_rank=v, microbatches=m,
-                          global_batch=ctx.global_batch, precision=precision, checkpoint_blocks=ckpt,
-                          min_micro_size=min_micro_batch(ctx))
+        floor = min_micro_batch(ctx)
+        key = ("hybrid", devices, R, schedule, v, m, ctx.global_batch, precision, ckpt, floor)
+        return memo_solve(ctx.cost, key, lambda: self.solve(
+            ctx.cost, devices, replicas=R, schedule=schedule, stages_per_rank=v, microbatches=m,
+            global_batch=ctx.global_batch, precision=precision, checkpoint_blocks=ckpt, min_micro_size=floor))
 
     def solve(self, cost: CostModel, devices: tuple[int, ...], *, replicas: int, schedule: str,
               stages_per_rank: int = 1, microbatches: int, global_batch: int, precision: str = "fp32",
@@ -242,7 +244,8 @@ class Hybrid(Strategy):
             # Degenerate shapes that still run every piece on two ranks: replicas of a one-stage
             # pipeline (gradient all-reduce over the stage group, uneven batch), and one replica of a two-stage
             # pipeline (pipeline groups, per-stage groups of one).
-            m2 = 2 if gb % 2 == 0 and gb // 2 >= 2 * mm else 1
+            coupled = cost.facts.batch_coupled  # one micro-batch keeps a coupled loss exact
+            m2 = 2 if gb % 2 == 0 and gb // 2 >= 2 * mm and not coupled else 1
             builders.append(lambda: self.solve(cost, devs[:2], replicas=2, schedule="GPipe", microbatches=m2,
                                                global_batch=gb, min_micro_size=mm))
             uneven = (gb - 3 * gb // 8, 3 * gb // 8)  # 5/3 of 8: the fast device takes more
@@ -250,8 +253,9 @@ class Hybrid(Strategy):
                 builders.append(lambda: HybridPlan(devices=devs[:2], replicas=2, boundaries=(0, nb), schedule="GPipe",
                                                    microbatches=1, replica_batch=uneven, checkpoint_blocks=nb // 2))
             if nb >= 2 and gb % 2 == 0:
-                builders.append(lambda: self.solve(cost, devs[:2], replicas=1, schedule="1F1B", microbatches=2,
-                                                   global_batch=gb, min_micro_size=mm))
+                builders.append(lambda: self.solve(cost, devs[:2], replicas=1, schedule="1F1B",
+                                                   microbatches=1 if coupled else 2, global_batch=gb,
+                                                   min_micro_size=mm))
         # On a tight cluster the solver may find no boundaries that fit: that example is left out.
         return self.buildable(cost, builders)
 
@@ -264,11 +268,6 @@ class Hybrid(Strategy):
         if len(plan.replica_batch) != plan.replicas:
             raise InfeasiblePlanError(
                 f"hybrid plan has {len(plan.replica_batch)} replica batches for replicas({plan.replicas}); give one each"
-            )
-        if cost.facts.batch_coupled and plan.replicas > 1:
-            raise InfeasiblePlanError(
-                "the workload's loss couples every sample of the batch; replicas computing it on their own "
-                "shares would change what is optimised"
             )
         check_common(cost, plan.boundaries, plan.pipeline_ranks, plan.schedule, plan.microbatches,
                      plan.replica_batch, plan.precision)

@@ -8,6 +8,12 @@ is the one-micro-batch case (GPipe, m = 1), and its label says "model parallel".
 
 Simulation times the per-rank action lists the executor's torch schedule runs;
 real runs use `torch.distributed.pipelining` (`PipelineStage` + schedule class).
+
+Batch-coupled (contrastive) losses: torch's schedules call the loss once per micro-batch on the
+last stage and backpropagate each micro-batch's loss on its own, so an InfoNCE over the whole batch
+exists only with one micro-batch: such workloads get one micro-batch per pipeline (model
+parallelism; the outputs come out of the last stage, where `hybrid` replicas also gather each
+other's).  A gradient cache through a pipeline would need a schedule of its own and is not offered.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from ._pipeline_sched import (
     stage_rank,
 )
 from .base import Plan, SearchContext, Strategy, WorkerContext
-from .helpers import ParamName, choose_common, min_micro_batch
+from .helpers import ParamName, choose_common, memo_solve, min_micro_batch
 
 if TYPE_CHECKING:
     from hetsim.model.costmodel import CostModel
@@ -176,7 +182,7 @@ def check_common(cost: CostModel, boundaries, n_ranks: int, schedule: str, micro
     if cost.facts.batch_coupled and microbatches > 1:
         raise InfeasiblePlanError(
             f"the workload's loss couples every sample of the batch; {microbatches} micro-batches would "
-            "change what is optimised: use 1 micro-batch"
+            "change what is optimised (torch's schedules take a loss per micro-batch): use 1 micro-batch"
         )
     if precision == "fp16":
         raise InfeasiblePlanError("fp16 needs loss scaling, which pipelined runs here do not do; use bf16 or fp32")
@@ -207,14 +213,21 @@ class Pipeline(Strategy):
     display_name = "pipeline / model parallel"
     param_prefix = ""  # bare Optuna names until results/golden is re-recorded (see Strategy.param_prefix)
 
+    def unavailable(self, ctx: SearchContext) -> str | None:
+        if ctx.cost.facts.n_blocks < 2:
+            return ("needs a model of at least 2 blocks to cut between; this model is one block (see the note on "
+                    "how it was split)")
+        return None
+
     def space(self, trial, ctx: SearchContext) -> PipelinePlan:
         devices = ordered_devices(trial, ctx, self.param)
         schedule = choose_schedule(trial, ctx, self.param, len(devices))
         v = choose_stages_per_rank(trial, self.param, schedule, len(devices), ctx.cost.facts.n_blocks)
         m = choose_microbatches(trial, ctx, self.param, schedule, len(devices), v)
         precision, ckpt = choose_common(trial, ctx, devices, self.param)
-        return self.solve(ctx.cost, devices, schedule=schedule, stages_per_rank=v, microbatches=m,
-                          batch=ctx.global_batch, precision=precision, checkpoint_blocks=ckpt)
+        return memo_solve(ctx.cost, ("pipeline", devices, schedule, v, m, ctx.global_batch, precision, ckpt),
+                          lambda: self.solve(ctx.cost, devices, schedule=schedule, stages_per_rank=v, microbatches=m,
+                                             batch=ctx.global_batch, precision=precision, checkpoint_blocks=ckpt))
 
     def solve(self, cost: CostModel, devices: tuple[int, ...], *, schedule: str, stages_per_rank: int = 1,
               microbatches: int, batch: int, precision: str = "fp32", checkpoint_blocks: int = 0) -> PipelinePlan:

@@ -15,17 +15,20 @@ world_size / global_batch because FSDP averages gradients like DDP does.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hetsim.errors import InfeasiblePlanError
 from hetsim.execution.memtrack import measure_step
-from hetsim.model.memory import data_parallel_memory
-from hetsim.model.simulator import TaskGraph
+from hetsim.model.memory import data_parallel_memory, zero1_owned_counts
+from hetsim.model.simulator import StepTiming, TaskGraph
 from hetsim.types import MemoryBreakdown
 
 from . import register
+from ._coupled import check_chunks, choose_grad_cache, coupled_terms
+from ._dp_closed import data_parallel_timing
 from ._zero_graph import sharded_graph, zero1_graph
 from .base import Plan, SearchContext, Strategy, WorkerContext
 from .ddp import DataParallelExecutor, DDPExecutor
@@ -58,14 +61,21 @@ class ZeROPlan(Plan):
     """1: optimizer state sharded; 2: and gradients; 3: and parameters."""
     offload: bool = False
     """Stages 2 and 3: sharded parameters, gradients and optimizer state in host memory (CPUOffloadPolicy)."""
+    grad_cache_chunks: int = 1
+    """Batch-coupled losses only, in place of accumulation: gradient-cache chunks per local batch (ddp's)."""
 
     @property
     def global_batch(self) -> int:
         return sum(self.local_batch)
 
+    @property
+    def chunks(self) -> int:
+        """Micro-steps of a local batch: accumulation steps or gradient-cache chunks (one of them is 1)."""
+        return self.accum_steps * self.grad_cache_chunks
+
     def micro_batches(self) -> tuple[int, ...]:
         """Largest micro-batch of each device (what its activations and BatchNorm see)."""
-        return tuple(-(-b // self.accum_steps) for b in self.local_batch)
+        return tuple(-(-b // self.chunks) for b in self.local_batch)
 
 
 @register
@@ -85,16 +95,19 @@ class ZeRO(Strategy):
         if len(devices) == 1 and not offload:
             raise InfeasiblePlanError("zero on one device shards nothing: that plan is ddp's (or offload it)")
         accum = choose_accum(trial, ctx, self.param)
+        gc = choose_grad_cache(trial, ctx, self.param)
+        chunks = accum * gc
         cost = ctx.cost
 
         def memory_of(dev: int, micro: int) -> MemoryBreakdown:
             return data_parallel_memory(cost, dev, micro, precision, ckpt, shards=len(devices), zero_stage=stage,
-                                        offload=offload, rank=devices.index(dev))
+                                        offload=offload, rank=devices.index(dev),
+                                        coupled=coupled_terms(cost, ctx.global_batch, micro * chunks, gc > 1))
 
-        local = balance_batch(cost, devices, ctx.global_batch, accum, precision, ckpt, local_floor(ctx, accum),
-                              memory_fn=memory_of)
-        return ZeROPlan(devices=devices, local_batch=local, accum_steps=accum, precision=precision,
-                        checkpoint_blocks=ckpt, zero_stage=stage, offload=offload)
+        local = balance_batch(cost, devices, ctx.global_batch, chunks, precision, ckpt, local_floor(ctx, chunks),
+                              memory_fn=memory_of, grad_cache=gc > 1)
+        return ZeROPlan(devices=devices, local_batch=local, accum_steps=accum, grad_cache_chunks=gc,
+                        precision=precision, checkpoint_blocks=ckpt, zero_stage=stage, offload=offload)
 
     def examples(self, ctx: SearchContext) -> list[ZeROPlan]:
         n = ctx.cost.n_devices
@@ -106,9 +119,10 @@ class ZeRO(Strategy):
         devs = tuple(range(n))
         uneven = uneven_split(ctx.global_batch, n)
         half = ctx.cost.facts.n_blocks // 2
+        split = {"grad_cache_chunks": 2} if ctx.cost.facts.batch_coupled else {"accum_steps": 2}
         return self.buildable(ctx.cost, [
             lambda: ZeROPlan(devices=devs, local_batch=uneven, zero_stage=1),
-            lambda: ZeROPlan(devices=devs, local_batch=uneven, zero_stage=2, accum_steps=2),
+            lambda: ZeROPlan(devices=devs, local_batch=uneven, zero_stage=2, **split),
             lambda: ZeROPlan(devices=devs, local_batch=uneven, zero_stage=3, checkpoint_blocks=half),
             lambda: ZeROPlan(devices=devs, local_batch=uneven, zero_stage=3, offload=True),
         ])
@@ -130,6 +144,7 @@ class ZeRO(Strategy):
             raise InfeasiblePlanError(
                 f"zero plan local batches {list(plan.local_batch)} must each be >= accum_steps ({plan.accum_steps})"
             )
+        check_chunks(plan, cost, "zero")
         if cost.facts.has_batchnorm and min(b // plan.accum_steps for b in plan.local_batch) < 2:
             raise InfeasiblePlanError(
                 f"zero plan local batches {list(plan.local_batch)} in {plan.accum_steps} micro-steps give a "
@@ -162,6 +177,8 @@ class ZeRO(Strategy):
         s += f" on dev {','.join(map(str, plan.devices))}"
         if plan.accum_steps > 1:
             s += f" accum {plan.accum_steps}"
+        if plan.grad_cache_chunks > 1:
+            s += f" grad-cache {plan.grad_cache_chunks}"
         if plan.precision != "fp32":
             s += f" {plan.precision}"
         if plan.checkpoint_blocks:
@@ -177,9 +194,20 @@ class ZeRO(Strategy):
     def memory(self, plan: ZeROPlan, cost) -> tuple[MemoryBreakdown, ...]:
         return tuple(
             data_parallel_memory(cost, d, mb, plan.precision, plan.checkpoint_blocks, shards=len(plan.devices),
-                                 zero_stage=plan.zero_stage, offload=plan.offload, rank=r)
-            for r, (d, mb) in enumerate(zip(plan.devices, plan.micro_batches()))
+                                 zero_stage=plan.zero_stage, offload=plan.offload, rank=r,
+                                 coupled=coupled_terms(cost, plan.global_batch, b, plan.grad_cache_chunks > 1))
+            for r, (d, mb, b) in enumerate(zip(plan.devices, plan.micro_batches(), plan.local_batch))
         )
+
+    def step_timing(self, plan: ZeROPlan, cost) -> StepTiming | None:
+        """ZeRO-1 in closed form (ddp's step, then the parameter broadcast); FSDP's per-block
+        collectives interleave with compute: the event simulation times them."""
+        if plan.zero_stage != 1 or cost.facts.batch_coupled:  # a coupled loss's gather: event simulation
+            return None
+        owned = zero1_owned_counts(cost, len(plan.devices))
+        return data_parallel_timing(cost, plan.devices, plan.local_batch, plan.accum_steps, plan.precision,
+                                    plan.checkpoint_blocks, tuple(float(c) for c in owned),
+                                    broadcast_bytes=cost.param_bytes())
 
     def graph(self, plan: ZeROPlan, cost) -> TaskGraph:
         if plan.zero_stage == 1:
@@ -255,6 +283,9 @@ class FSDPExecutor(DataParallelExecutor):
             self.scaler = ShardedGradScaler()  # all-reduces found-inf across the shards
 
     def _forward_backward(self) -> float:
+        if self.plan.grad_cache_chunks > 1:  # FSDP reduce-scatters every chunk's gradients
+            return self.coupled.grad_cache(self.model, self.model, self.micro, contextlib.nullcontext,
+                                           self.autocast, self.ctx.world_size)
         return sum(self._micro_step(self.model, x, y, self.autocast) for x, y in self.micro)
 
     def measure_memory(self, fn) -> MemoryBreakdown:

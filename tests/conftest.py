@@ -1,33 +1,74 @@
-"""Shared fixtures: a small measured profile (gn_resnet, 32 px) and cost models on emulated clusters."""
+"""Shared fixtures: a small recorded profile (gn_resnet, 32 px) and cost models on emulated clusters.
+
+Nothing here measures: the profile is read from tests/data/profiles/ (recorded by
+tests/data/record_profiles.py), the collectives are synthetic.
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from hetsim.hardware.cluster import parse_cluster
 from hetsim.model.costmodel import CostModel
-from hetsim.profiling.store import CommProfile, ProfileSet
+from hetsim.profiling.store import (
+    CommProfile,
+    DeviceProfile,
+    ModelProfile,
+    ProfileSet,
+    device_profile_path,
+    load,
+    model_profile_path,
+)
 from hetsim.types import Fit
+
+RECORDED = Path(__file__).resolve().parent / "data"
+"""Holds profiles/ as a results folder does."""
 
 
 @pytest.fixture(scope="session")
 def gn_profile():
-    import torch
-
-    from hetsim.profiling.measure import profile_device, profile_model
+    """(workload, model profile, device profile) of gn_resnet at 32 px, as recorded."""
     from hetsim.workloads.builtin import load_workload
 
-    torch.set_num_threads(1)
     wl = load_workload("gn_resnet", 32)
-    model = profile_model(wl, "emu-cpu", torch.device("cpu"), (2, 4, 8), ("fp32", "bf16"), reps=1)
-    dev = profile_device("emu-cpu", torch.device("cpu"))
-    return wl, model, dev
+    model = load(ModelProfile, model_profile_path(RECORDED, "emu-cpu", wl.spec))
+    assert model.model == wl.spec, f"{model.model} recorded, {wl.spec} loaded: run tests/data/record_profiles.py"
+    return wl, model, load(DeviceProfile, device_profile_path(RECORDED, "emu-cpu"))
 
 
 def synthetic_comm(ws: int) -> CommProfile:
     # 100 us latency, 1 GB/s: a plausible gloo-on-loopback figure; unit tests need a value, not a measurement.
     return CommProfile(backend="gloo", world_size=ws, fingerprint={}, allreduce_s=Fit(intercept=1e-4, slope=1e-9),
                        allgather_s=Fit(intercept=1e-4, slope=0.5e-9), sendrecv_s=Fit(intercept=5e-5, slope=0.5e-9))
+
+
+@pytest.fixture(scope="session")
+def gpt_profile():
+    """The smallest gpt (4 layers, 16 tokens) as recorded: the contract suite's transformer."""
+    from hetsim.workloads.builtin import workload_from_spec
+
+    wl = workload_from_spec(GPT_SPEC)
+    model = load(ModelProfile, model_profile_path(RECORDED, "emu-cpu", wl.spec))
+    assert model.model == wl.spec, f"{model.model} recorded, {wl.spec} loaded: run tests/data/record_profiles.py"
+    return wl, model, load(DeviceProfile, device_profile_path(RECORDED, "emu-cpu"))
+
+
+GPT_SPEC = "gpt@tiny@16"
+
+
+@pytest.fixture
+def make_gpt_cost(gpt_profile):
+    wl, model, dev = gpt_profile
+
+    def make(spec: str = "emu:1.0@4G,0.5@4G") -> CostModel:
+        cluster = parse_cluster(spec)
+        ps = ProfileSet(models={"emu-cpu": model}, devices={"emu-cpu": dev},
+                        comm={k: synthetic_comm(k) for k in range(2, max(2, len(cluster.devices)) + 1)})
+        return CostModel(cluster, ps, wl.optimizer)
+
+    return make
 
 
 @pytest.fixture

@@ -24,13 +24,22 @@ from hetsim.errors import EmulatedOutOfMemoryError
 
 
 class Emulator:
-    def __init__(self, speed: float, cap_bytes: int, device_name: str = "emulated device"):
+    def __init__(self, speed: float, cap_bytes: int, device_name: str = "emulated device", *,
+                 adjustable: bool = False):
+        """`adjustable`: hook every block even at full speed, so that `set_speed` can slow the
+        device later (hetsim.train's emulated slowdown)."""
+        self.adjustable = adjustable
         self.speed = speed
         self.cap_bytes = cap_bytes
         self.device_name = device_name
         self.factor = 1.0 / speed - 1.0
         self.throttled_s = 0.0
         self.enabled = True
+
+    def throttle(self, compute_s: float) -> None:
+        """Spin (1/speed - 1) x `compute_s`: for executors that place the throttle themselves (tensor
+        parallelism spins before each collective, not after each block)."""
+        self._sleep_for(compute_s)
 
     def _sleep_for(self, dt: float) -> None:
         if self.enabled and self.factor > 0 and dt > 0:
@@ -46,7 +55,7 @@ class Emulator:
     # ------------------------------------------------------------------ compute
     def attach(self, blocks: Iterable[nn.Module]) -> None:
         """Throttle forward and backward of each block (call before wrapping in DDP/FSDP/pipeline)."""
-        if self.factor <= 0:
+        if self.factor <= 0 and not self.adjustable:
             return
         for block in blocks:
             self._attach_block(block)
@@ -86,8 +95,14 @@ class Emulator:
         for p in params:
             p.register_post_accumulate_grad_hook(param_done)
 
+    def set_speed(self, speed: float) -> None:
+        """From now on run at `speed` (relative to the measured profile); needs `adjustable` to
+        slow a device that started at full speed."""
+        self.speed = speed
+        self.factor = 1.0 / speed - 1.0
+
     def wrap_optimizer(self, opt: torch.optim.Optimizer) -> None:
-        if self.factor <= 0:
+        if self.factor <= 0 and not self.adjustable:
             return
         t = {"t0": 0.0}
         opt.register_step_pre_hook(lambda o, a, k: t.__setitem__("t0", time.perf_counter()))

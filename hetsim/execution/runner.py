@@ -213,8 +213,19 @@ def measure(plan, *, cluster: Cluster, workload_spec: str, optimizer: str, steps
         return Measurement(status="ok", step_time_s=step, samples_per_s=plan.global_batch / step,
                            peak_mem_bytes=tuple(m.total_bytes for m in mems), memory=mems, rank_median_step_s=meds,
                            wall_s=wall, probe_s=ref_of(probes) if probed else None,
-                           steps_per_probe=summarize_steps(ranks, 1.0)[0] if probed else None)
+                           steps_per_probe=summarize_steps(ranks, 1.0)[0] if probed else None,
+                           **measured_timeline(ranks))
     return _failure(by_rank, n, tail, timed_out, timeout_s, wall)
+
+
+def measured_timeline(ranks: list[RankResult]) -> dict[str, tuple[tuple[float, ...], ...]]:
+    """Measurement fields of the ranks' timed steps: starts relative to the earliest (perf_counter is
+    one clock per machine: ranks on other nodes are only aligned by their first step)."""
+    if not ranks or any(len(r.step_starts_s) != len(r.step_s) or not r.step_starts_s for r in ranks):
+        return {}
+    t0 = min(r.step_starts_s[0] for r in ranks)
+    return {"step_starts_s": tuple(tuple(t - t0 for t in r.step_starts_s) for r in ranks),
+            "step_durations_s": tuple(tuple(r.step_s) for r in ranks)}
 
 
 # torchrun's failure summary: "rank : 1 (local_rank: 1)" then "exitcode : -9 (pid: 123)  (SIGKILL)".

@@ -77,6 +77,9 @@ class RankResult:
     extra: dict = field(default_factory=dict)
     failed_at_s: float | None = None
     """Wall-clock time (time.time()) of the failure: the earliest one explains the others."""
+    step_starts_s: tuple[float, ...] = ()
+    """time.perf_counter() at the start of each timed step (one monotonic clock per machine, so the
+    ranks of one node line up; the measured timeline)."""
 
 
 CUDA_WARMUP_S = 2.0
@@ -199,7 +202,7 @@ def run_job(job: Job, build_executor: BuildExecutor) -> RankResult:
     if job.probe and device.type == "cpu":
         probe = HostProbe()
     dist.barrier()
-    times, probes = [], []
+    times, probes, starts = [], [], []
     for i in range(job.steps):
         if probe is not None:  # untimed; the step's first collective absorbs the ranks' differences
             probes.append(probe())
@@ -210,18 +213,20 @@ def run_job(job: Job, build_executor: BuildExecutor) -> RankResult:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - t)
+        starts.append(t)
     return RankResult(rank=rank, status="ok", step_s=tuple(times), probe_s=tuple(probes), memory=mem,
-                      losses=tuple(losses))
+                      losses=tuple(losses), step_starts_s=tuple(starts))
 
 
 def _reference_grads(wl, global_batch: int, seed: int):
-    """Single-process full-batch gradient (mean loss over the global batch)."""
+    """Single-process full-batch gradient: of the mean per-sample loss over the global batch, or of
+    a batch-coupled workload's loss (InfoNCE) over the whole global batch at once."""
     import torch
 
     torch.manual_seed(0)
     model = wl.model()
     x, y = wl.make_batch(global_batch, seed)
-    (wl.loss_sum(model(x), y) / global_batch).backward()
+    wl.full_batch_loss(model(x), y).backward()
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 

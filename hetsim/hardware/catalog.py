@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import csv
 import difflib
+import re
 from dataclasses import dataclass
 from importlib import resources
 
-from hetsim.errors import ClusterSpecError, UnknownNameError
+from hetsim.errors import ClusterSpecError, UnknownNameError, shown
 from hetsim.hardware.devices import (
     HOST_LINK_BPS,
+    MAX_DEVICES,
     NO_P2P_BPS,
     Cluster,
     Device,
     GiB,
     Link,
+    check_count,
     host_memory_bytes,
 )
 
@@ -27,10 +30,13 @@ class CatalogEntry:
     mem_gib: float
     mem_bw_gbs: float
     fp32_tflops: float
+    tf32_tflops: float
     fp16_tensor_tflops: float
     bf16_tflops: float
     host_link: str
     nvlink_gbs_bidir: float
+    base_clock_mhz: float
+    boost_clock_mhz: float
     notes: str
 
 
@@ -46,13 +52,36 @@ def load_catalog() -> dict[str, CatalogEntry]:
             mem_gib=float(row["mem_gib"]),
             mem_bw_gbs=float(row["mem_bw_gbs"]),
             fp32_tflops=float(row["fp32_tflops"]),
+            tf32_tflops=float(row.get("tf32_tflops") or 0.0),
             fp16_tensor_tflops=float(row["fp16_tensor_tflops"]),
             bf16_tflops=float(row["bf16_tflops"]),
             host_link=row["host_link"],
             nvlink_gbs_bidir=float(row["nvlink_gbs_bidir"]),
+            base_clock_mhz=float(row.get("base_clock_mhz") or 0.0),
+            boost_clock_mhz=float(row.get("boost_clock_mhz") or 0.0),
             notes=row["notes"],
         )
     return out
+
+
+MiB = 1024**2
+CUDA_CONTEXT_BYTES = {6: 300 * MiB, 7: 350 * MiB, 8: 450 * MiB, 9: 550 * MiB}
+"""Device memory a CUDA context takes before any tensor, by compute-capability major (lazy module
+loading, CUDA >= 11.7): 300-500 MiB on most GPUs, more on Hopper's larger kernel images."""
+LIBRARY_WORKSPACE_BYTES = 256 * MiB
+"""cuBLAS workspaces (a few MiB per handle, 32 MiB on Hopper) and cuDNN's convolution workspace,
+which PyTorch allocates through its caching allocator at the first convolutions."""
+ALLOCATOR_HEADROOM = 0.05
+"""Fraction of the tensor peak the caching allocator holds beyond it (block rounding and
+fragmentation): the H200 runs in results/gpu/h200 peaked within a few percent of the bytes the
+memory model predicts, and PyTorch rounds every block to 512 B / 2 MiB segments."""
+
+
+def catalog_capacity_bytes(entry: CatalogEntry) -> int:
+    """Bytes a catalog GPU offers tensors: its memory less the CUDA context and library workspaces,
+    then less the allocator's headroom (so a predicted tensor peak below it fits in practice)."""
+    ctx = CUDA_CONTEXT_BYTES.get(entry.compute_capability[0], max(CUDA_CONTEXT_BYTES.values()))
+    return int((entry.mem_gib * GiB - ctx - LIBRARY_WORKSPACE_BYTES) / (1 + ALLOCATOR_HEADROOM))
 
 
 def catalog_device(entry: CatalogEntry, index: int) -> Device:
@@ -60,7 +89,7 @@ def catalog_device(entry: CatalogEntry, index: int) -> Device:
     return Device(
         name=entry.name,
         kind=entry.key,
-        memory_bytes=int(entry.mem_gib * GiB),
+        memory_bytes=catalog_capacity_bytes(entry),
         backend="catalog",
         index=index,
         compute_capability=entry.compute_capability,
@@ -69,9 +98,11 @@ def catalog_device(entry: CatalogEntry, index: int) -> Device:
         nvlink=entry.nvlink_gbs_bidir > 0,
         catalog_key=entry.key,
         peak_fp32_flops=entry.fp32_tflops * 1e12,
+        peak_tf32_flops=entry.tf32_tflops * 1e12,
         peak_bf16_flops=entry.bf16_tflops * 1e12,
         peak_fp16_flops=(entry.fp16_tensor_tflops or entry.fp32_tflops) * 1e12,
         mem_bw_bps=entry.mem_bw_gbs * 1e9,
+        base_clock_ratio=entry.base_clock_mhz / entry.boost_clock_mhz if entry.boost_clock_mhz > 0 else 1.0,
     )
 
 
@@ -83,7 +114,15 @@ def _pair_link(a: Device, b: Device) -> Link:
 
 
 def link_matrix(devices: tuple[Device, ...]) -> tuple[tuple[Link, ...], ...]:
-    return tuple(tuple(_pair_link(a, b) for b in devices) for a in devices)
+    memo: dict[tuple, Link] = {}  # one Link per pair of device types, not one per pair of devices
+
+    def link(a: Device, b: Device) -> Link:
+        key = (a.kind, a.nvlink, a.host_link_bps, b.kind, b.nvlink, b.host_link_bps)
+        if key not in memo:
+            memo[key] = _pair_link(a, b)
+        return memo[key]
+
+    return tuple(tuple(link(a, b) for b in devices) for a in devices)
 
 
 def catalog(spec: str) -> Cluster:
@@ -93,28 +132,39 @@ def catalog(spec: str) -> Cluster:
     items = [s.strip() for s in body.split(",")]
     if not body.strip() or any(not s for s in items):
         raise ClusterSpecError(
-            f"--cluster {spec!r}: a catalog cluster lists keys separated by commas, e.g. catalog:rtx_3090,t4*2"
+            f"--cluster {shown(spec)}: a catalog cluster lists keys separated by commas, e.g. catalog:rtx_3090,t4*2"
         )
-    devices: list[Device] = []
+    check_count(len(items), MAX_DEVICES, "devices", spec)
+    wanted: list[tuple[CatalogEntry, int]] = []
+    total = 0
     for item in items:
         key, _, count_s = item.partition("*")
         key = key.strip().lower()
         count = 1
-        if count_s:
-            if not count_s.strip().isdigit() or int(count_s) < 1:
-                raise ClusterSpecError(f"--cluster {spec!r}: count {count_s!r} in {item!r} must be a whole number >= 1")
-            count = int(count_s)
+        if "*" in item:
+            digits = count_s.strip().lstrip("0") or "0"
+            if not re.fullmatch(r"[0-9]+", digits) or digits == "0":
+                raise ClusterSpecError(f"--cluster {shown(spec)}: count {shown(count_s)} in {shown(item)} must be "
+                                       "a whole number >= 1")
+            count = int(digits) if len(digits) <= 12 else 10**12  # too many either way: the bound below says so
         if key not in table:
-            close = difflib.get_close_matches(key, list(table), n=1, cutoff=0.4)
+            close = difflib.get_close_matches(key[:100], list(table), n=1, cutoff=0.4)
             hint = f"did you mean {close[0]!r}?" if close else ""
-            raise UnknownNameError("catalog GPU", key, list(table), hint)
-        devices.extend(catalog_device(table[key], len(devices) + j) for j in range(count))
-    devs = tuple(devices)
+            raise UnknownNameError("catalog GPU", key if len(key) <= 100 else shown(key), list(table), hint)
+        total += count
+        check_count(total, MAX_DEVICES, "devices", spec)
+        wanted.append((table[key], count))
+    devs = tuple(catalog_device(entry, i) for i, entry in enumerate(e for e, n in wanted for _ in range(n)))
     return Cluster(
         spec=spec,
         source="catalog",
         devices=devs,
         links=link_matrix(devs),
         host_memory_bytes=host_memory_bytes(),
-        notes=("catalog devices are scaled from public specifications: simulation only, uncalibrated",),
+        notes=("catalog devices are scaled from public specifications: simulation only, uncalibrated",
+               "catalog capacity for tensors = memory - CUDA context (300-550 MiB) - 256 MiB cuBLAS/cuDNN "
+               f"workspace, / {1 + ALLOCATOR_HEADROOM:g} for the caching allocator"),
     )
+
+
+# ----------------------------------------------------------------------------- CUDA

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import os
 
-from hetsim.errors import ClusterSpecError
+from hetsim.errors import ClusterSpecError, shown
 from hetsim.hardware.catalog import (
     CatalogEntry,
     catalog,
+    catalog_capacity_bytes,
     catalog_device,
     link_matrix,
     load_catalog,
@@ -21,6 +22,8 @@ from hetsim.hardware.cuda import detect_cuda
 from hetsim.hardware.devices import (
     DEFAULT_EMULATED,
     HOST_LINK_BPS,
+    MAX_DEVICES,
+    MAX_EMULATED_DEVICES,
     NO_P2P_BPS,
     Cluster,
     Device,
@@ -39,10 +42,13 @@ __all__ = [
     "CatalogEntry",
     "Cluster",
     "Device",
+    "MAX_DEVICES",
+    "MAX_EMULATED_DEVICES",
     "GiB",
     "Link",
     "link_matrix",
     "catalog",
+    "catalog_capacity_bytes",
     "catalog_device",
     "detect_cuda",
     "emulated",
@@ -57,10 +63,13 @@ __all__ = [
 
 def parse_cluster(spec: str | None) -> Cluster:
     """Any `--cluster` form; None picks `cuda` when GPUs are present, else the emulated default."""
-    if spec is None or spec == "":
+    if spec is None:
         found = detect_cuda()
         return found if found is not None else emulated(DEFAULT_EMULATED)
     s = spec.strip()
+    if not s:
+        raise ClusterSpecError(f"--cluster {spec!r} is empty (an unset shell variable?); give a cluster such as "
+                               f"{DEFAULT_EMULATED}, or leave --cluster out for the default")
     if s.startswith("emu:") or s == "emu":
         return emulated(s)
     if s.startswith("catalog:") or s == "catalog":
@@ -76,6 +85,6 @@ def parse_cluster(spec: str | None) -> Cluster:
     if s.endswith(".toml") or os.path.sep in s or os.path.exists(s):
         return from_toml(s)
     raise ClusterSpecError(
-        f"--cluster {spec!r} is not a cluster; use emu:SPEED@MEM,... (e.g. {DEFAULT_EMULATED}), "
+        f"--cluster {shown(spec)} is not a cluster; use emu:SPEED@MEM,... (e.g. {DEFAULT_EMULATED}), "
         "catalog:KEY[*N],... (e.g. catalog:rtx_3090,t4), cuda, or a path to a .toml file"
     )

@@ -70,3 +70,6 @@ def detect_cuda() -> Cluster | None:
             pass
     devs = tuple(devices)
     return Cluster(spec="cuda", source="cuda", devices=devs, links=link_matrix(devs), host_memory_bytes=host_memory_bytes())
+
+
+# ----------------------------------------------------------------------------- TOML

@@ -1,4 +1,4 @@
-"""Devices, links and clusters: the one value every `--cluster` form produces; sizes, host memory, interchangeable devices."""
+"""Devices, links and clusters: the one value every `--cluster` form produces; sizes, speeds, bounds, host memory, interchangeable devices."""
 
 from __future__ import annotations
 
@@ -6,10 +6,27 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 
-from hetsim.errors import ClusterSpecError
+from hetsim.errors import ClusterSpecError, shown
 
 GiB = 1024**3
 DEFAULT_EMULATED = "emu:1.0@4G,0.5@2G"
+
+# Upper bounds, checked before a device is built: a typo of a few digits must fail in a line, not
+# build a hundred million devices or reach the profiler.
+MAX_DEVICES = 1024
+"""Devices in one cluster.  The link matrix and the symmetry grouping grow with the square of the
+count (the search is benchmarked on up to 512 catalog devices)."""
+MAX_EMULATED_DEVICES = 64
+"""Emulated devices: each is a CPU worker process that imports torch (~0.3 GiB of RAM each)."""
+MAX_DEVICE_MEMORY_BYTES = 16 * 1024**4
+"""16 TiB per device: above any accelerator's memory (the largest have 0.2-0.3 TiB)."""
+MIN_DEVICE_MEMORY_BYTES = 1024
+"""1 KiB: a memory written in bytes by mistake ('0.5' is 0 bytes) is refused; tests model tight
+devices of 10 KiB and up."""
+MAX_CLUSTER_FILE_BYTES = 64 * 1024
+"""A cluster file lists at most MAX_DEVICES small tables (1,024 x ~30 bytes: ~30 KiB).  Python's
+TOML parser takes about a second per 100 KiB on a loaded 2-core VM: a larger file is refused
+before it is parsed."""
 
 # Effective per-direction figures (shared/data/link_bandwidths.md), bytes per second.
 HOST_LINK_BPS = {
@@ -48,9 +65,13 @@ class Device:
     nvlink: bool = False
     catalog_key: str = ""
     peak_fp32_flops: float = 0.0
+    peak_tf32_flops: float = 0.0
+    """Dense TF32 tensor-core rate (0: none before Ampere)."""
     peak_bf16_flops: float = 0.0
     peak_fp16_flops: float = 0.0
     mem_bw_bps: float = 0.0
+    base_clock_ratio: float = 1.0
+    """Base over boost clock: the datasheet peaks are at boost; a power-limited GPU sustains less."""
 
     @property
     def supports_bf16(self) -> bool:
@@ -153,6 +174,7 @@ def interchangeable_groups(cluster: Cluster) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(g) for g in groups)
 
 
+# ----------------------------------------------------------------------------- parsing
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
@@ -160,36 +182,67 @@ _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 
 def parse_size(text: str, *, what: str = "memory size") -> int:
     """'4G', '512M', '1.5GiB', '1073741824' -> bytes."""
-    m = _SIZE.match(text)
-    if not m and _SIZE.match(text.strip().lstrip("-")):
-        raise ClusterSpecError(f"{what} {text!r} is negative; it must be greater than zero (e.g. 4G)")
+    m = _SIZE.match(text) if len(text) <= 40 else None  # a longer "size" is a typo, not a number to parse
+    if not m and text.strip().startswith("-") and _SIZE.match(text.strip().lstrip("-")):
+        raise ClusterSpecError(f"{what} {shown(text)} is negative; it must be greater than zero (e.g. 4G)")
     if not m:
         raise ClusterSpecError(
-            f"{what} {text!r} is not a size; write a number with an optional unit K, M, G or T (e.g. 4G, 512M)"
+            f"{what} {shown(text)} is not a size; write a number with an optional unit K, M, G or T (e.g. 4G, 512M)"
         )
     value = float(m.group(1)) * _UNITS[m.group(2).upper()]
     if value <= 0:
-        raise ClusterSpecError(f"{what} {text!r} must be greater than zero (e.g. 4G)")
+        raise ClusterSpecError(f"{what} {shown(text)} must be greater than zero (e.g. 4G)")
+    if not value <= MAX_DEVICE_MEMORY_BYTES:  # also catches inf from a 400-digit number
+        raise ClusterSpecError(
+            f"{what} {shown(text)} is above the limit of 16T per device (the largest accelerators have "
+            "under 0.3 TiB); check the unit: K, M, G, T are powers of 1024 (e.g. 80G)"
+        )
+    if value < MIN_DEVICE_MEMORY_BYTES:
+        raise ClusterSpecError(
+            f"{what} {shown(text)} is below 1K ({int(value)} bytes), too small to hold any tensor; check the "
+            "unit (e.g. 512M, 4G)"
+        )
     return int(value)
+
+
+MIN_SPEED = 1e-3
+"""An emulated device 1,000 times slower than this CPU would make one step take minutes."""
 
 
 def parse_speed(text: str) -> float:
     try:
-        speed = float(text)
+        speed = float(text) if len(text) <= 40 else float("nan")
     except ValueError:
+        speed = None
+    if speed is None or text.strip().lower() in ("true", "false"):
         raise ClusterSpecError(
-            f"emulated device speed {text!r} is not a number; write e.g. 1.0 or 0.5 (relative to this CPU)"
-        ) from None
+            f"emulated device speed {shown(text)} is not a number; write e.g. 1.0 or 0.5 (relative to this CPU)"
+        )
     if not speed > 0 or speed != speed or speed == float("inf"):
         raise ClusterSpecError(
-            f"emulated device speed {text!r} must be a finite number > 0 (1.0 = this CPU, 0.5 = half as fast)"
+            f"emulated device speed {shown(text)} must be a finite number > 0 (1.0 = this CPU, 0.5 = half as fast)"
         )
     if speed > 1.0:
         raise ClusterSpecError(
-            f"emulated device speed {text!r} is above 1.0: a CPU worker cannot run faster than this CPU; "
+            f"emulated device speed {shown(text)} is above 1.0: a CPU worker cannot run faster than this CPU; "
             "scale the speeds so the fastest device is 1.0"
         )
+    if speed < MIN_SPEED:
+        raise ClusterSpecError(
+            f"emulated device speed {shown(text)} is below {MIN_SPEED:g}: a worker throttled more than "
+            "1,000x would take minutes per step; use a speed from 0.001 to 1.0"
+        )
     return speed
+
+
+def check_count(n: int, limit: int, what: str, spec: str) -> None:
+    if n > limit:
+        raise ClusterSpecError(
+            f"--cluster {shown(spec)} has {n:,} {what}; the limit is {limit}"
+            + (" (each emulated device is a CPU worker process that imports torch)" if limit == MAX_EMULATED_DEVICES
+               else " (the planner's link matrix grows with the square of the device count)")
+            + "; use fewer devices"
+        )
 
 
 def host_memory_bytes() -> int:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 
-from hetsim.errors import ClusterSpecError
+from hetsim.errors import ClusterSpecError, shown
 from hetsim.hardware.devices import (
+    MAX_EMULATED_DEVICES,
     Cluster,
     Device,
     GiB,
+    check_count,
     host_memory_bytes,
     parse_size,
     parse_speed,
@@ -21,14 +23,15 @@ def emulated(spec: str) -> Cluster:
     items = [s.strip() for s in body.split(",")]
     if not body.strip() or any(not s for s in items):
         raise ClusterSpecError(
-            f"--cluster {spec!r}: an emulated cluster lists devices as SPEED@MEM separated by commas, "
+            f"--cluster {shown(spec)}: an emulated cluster lists devices as SPEED@MEM separated by commas, "
             "e.g. emu:1.0@4G,0.5@2G"
         )
+    check_count(len(items), MAX_EMULATED_DEVICES, "emulated devices", spec)
     devices = []
     for i, item in enumerate(items):
         if "@" not in item:
             raise ClusterSpecError(
-                f"--cluster {spec!r}: device {item!r} has no memory; write SPEED@MEM, e.g. 0.5@2G"
+                f"--cluster {shown(spec)}: device {shown(item)} has no memory; write SPEED@MEM, e.g. 0.5@2G"
             )
         speed_s, mem_s = item.split("@", 1)
         speed = parse_speed(speed_s)
@@ -51,3 +54,6 @@ def emulated(spec: str) -> Cluster:
             "times are inexact",
         )
     return Cluster(spec=spec, source="emulated", devices=tuple(devices), host_memory_bytes=host_memory_bytes(), notes=notes)
+
+
+# ----------------------------------------------------------------------------- catalog

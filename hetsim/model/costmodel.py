@@ -2,8 +2,10 @@
 
 Calibrated devices use their own kind's measured block times, divided by the
 device's relative speed (1.0 for real GPUs).  Catalog devices have no
-measurement of their own: they are scaled from a measured reference kind by the
-ratio of sustained matmul throughput (roofline), and every report says so.
+measurement of their own: their profile comes from a per-operator roofline over
+the model's traced shapes (hetsim.model.roofline); a catalog device without one
+(profile sets recorded before it) is scaled from a measured reference kind by the
+ratio of sustained matmul throughput, and every report says so.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ class ModelFacts:
     has_batchnorm: bool
     batch_coupled: bool
     optimizer: str
+    logits_per_sample_sq: int = 0
+    """Batch-coupled losses: logits of a batch of B are about this times B**2 (Workload field)."""
 
 
 MIN_GRAD_COSINE = 0.9
@@ -42,7 +46,7 @@ under bf16 CPU autocast gave 0.19: a different direction, not rounding."""
 
 class CostModel:
     def __init__(self, cluster: Cluster, profiles: ProfileSet, optimizer: str = "adamw", *,
-                 has_batchnorm: bool = False, batch_coupled: bool = False):
+                 has_batchnorm: bool = False, batch_coupled: bool = False, logits_per_sample_sq: int = 0):
         self.cluster = cluster
         self.profiles = profiles
         self.optimizer = optimizer
@@ -52,10 +56,13 @@ class CostModel:
         self.base_profile = profiles.models[self._base_kind]
         """The model profile block sizes are read from and catalog devices are scaled from."""
         self.facts = ModelFacts(
-            n_blocks=len(self.base_profile.blocks), has_batchnorm=has_batchnorm, batch_coupled=batch_coupled, optimizer=optimizer
+            n_blocks=len(self.base_profile.blocks), has_batchnorm=has_batchnorm, batch_coupled=batch_coupled, optimizer=optimizer,
+            logits_per_sample_sq=logits_per_sample_sq,
         )
         self._scale = [self._device_scale(d) for d in cluster.devices]
+        self._param_total = sum(b.param_count for b in self.base_profile.blocks)
         self._memo: dict[tuple, Any] = {}
+        self._tables: dict[str, dict] = {}
 
     def memo(self, key: tuple, compute: Callable[[], T]) -> T:
         """`compute()`, once per key: what is derived from this model never changes (cluster and
@@ -66,6 +73,15 @@ class CostModel:
         except KeyError:
             value = self._memo[key] = compute()
             return value
+
+    def memo_table(self, name: str) -> dict:
+        """A named dict for values derived from this model, for hot loops that look up many keys
+        per call (a plan's per-device step and memory): `table.get(key)` costs less than `memo`."""
+        try:
+            return self._tables[name]
+        except KeyError:
+            table = self._tables[name] = {}
+            return table
 
     # -------------------------------------------------------------- devices
 
@@ -99,6 +115,8 @@ class CostModel:
         prof = self._scale[dev][0]
         if precision == "fp32":
             return "fp32", 1.0
+        if d.backend == "catalog" and prof.device_kind == d.kind and precision in prof.blocks[0].timing:
+            return precision, 1.0  # the catalog GPU's own roofline profile (hetsim.model.roofline)
         if d.backend == "catalog":
             peak = d.peak_bf16_flops if precision == "bf16" else d.peak_fp16_flops
             return "fp32", d.peak_fp32_flops / peak if peak > d.peak_fp32_flops else 1.0
@@ -269,6 +287,8 @@ class CostModel:
     # -------------------------------------------------------------- memory
 
     def param_count(self, lo: int = 0, hi: int | None = None) -> int:
+        if lo == 0 and hi is None:  # the whole model: asked for by every data-parallel plan
+            return self._param_total
         return sum(b.param_count for b in self.base_profile.blocks[lo:hi])
 
     def param_bytes(self, lo: int = 0, hi: int | None = None) -> int:

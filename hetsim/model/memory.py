@@ -24,6 +24,11 @@ step (step index 1), when the optimizer state already exists.  The model is
   block from its forward to its backward; ZeRO-3 gathers each block again in backward and
   prefetches the next one.  (`_fsdp_phases` lists the phases.)
 
+- **Batch-coupled losses** (`CoupledLoss`): the gathered outputs of the global batch, their
+  gradient and the InfoNCE logits (quadratic in the global batch) at the start of backward; with
+  the gradient cache, activations of one chunk only, plus the embedding cache (this rank's outputs
+  and their gradients) through every chunk, and the loss in a phase of its own.
+
 Mixed precision: hetsim's executors keep fp32 parameters as the master copy at every precision
 (torch.autocast; FSDP2's MixedPrecisionPolicy shards fp32 parameters), so resident state is
 4 (params) + 4 (grads) + 4·s (optimizer) bytes per parameter (`FP32_MASTER`).  The 2-byte working
@@ -238,25 +243,70 @@ class _Phase:
     other: float
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CoupledLoss:
+    """What a batch-coupled (contrastive) loss adds on one data-parallel rank."""
+
+    global_batch: int
+    """Samples whose outputs are gathered for the loss (the whole global batch)."""
+    local_batch: int
+    """This rank's samples (the gradient cache keeps their outputs and output gradients)."""
+    grad_cache: bool = False
+
+
+LOGIT_COPIES = 4
+"""Logit-sized tensors alive while an InfoNCE loss runs backward: the logits, the log-softmax saved
+for backward, the gradient of the log-softmax and of the logits."""
+
+
+def coupled_loss_bytes(cost: CostModel, c: CoupledLoss) -> tuple[float, float]:
+    """(bytes while the loss and its backward run, bytes held through the whole backward pass).
+
+    The loss holds the gathered outputs of the global batch and their gradient (padded rows
+    ignored) and its logits (`ModelFacts.logits_per_sample_sq` x B**2 fp32, LOGIT_COPIES of them).
+    The gradient cache also keeps this rank's outputs and their gradient from the loss until its
+    last chunk's backward: the embedding cache."""
+    emb = cost.base_profile.blocks[-1].out_bytes_per_sample
+    loss = 2 * emb * c.global_batch + LOGIT_COPIES * 4 * cost.facts.logits_per_sample_sq * c.global_batch**2
+    cache = 2 * emb * c.local_batch if c.grad_cache else 0
+    return float(loss + cache), float(cache)
+
+
 def data_parallel_memory(cost: CostModel, dev: int, micro: int, precision: str, ckpt: int, *,
                          shards: int = 1, zero_stage: int = 0, offload: bool = False,
-                         rank: int = 0) -> MemoryBreakdown:
+                         rank: int = 0, coupled: CoupledLoss | None = None) -> MemoryBreakdown:
     """Peak bytes of one rank of a data-parallel group of `shards` ranks.
 
     zero_stage 0: DDP; 1: DDP + ZeroRedundancyOptimizer; 2 and 3: FSDP2 (reshard after forward
     off / on).  `micro` is this rank's largest micro-batch; `rank` its position in the group (for
     ZeRO-1's uneven partition).  `dev` does not change the bytes: tensor sizes are the model's,
-    whatever the device kind.
+    whatever the device kind.  `coupled`: the batch-coupled loss's gathered outputs and logits
+    (at the start of backward, when every activation is alive) or, with the gradient cache, its
+    own phase plus the embedding cache through every chunk.
     """
     del dev
     # Only ZeRO-1's partition depends on the rank.
-    key = ("data_parallel_memory", micro, precision, ckpt, shards, zero_stage, offload, rank if zero_stage == 1 else 0)
-    return cost.memo(key, lambda: _data_parallel_memory(cost, micro, precision, ckpt, shards, zero_stage, offload,
-                                                        rank))
+    key = (micro, precision, ckpt, shards, zero_stage, offload, rank if zero_stage == 1 else 0, coupled)
+    table = cost.memo_table("data_parallel_memory")
+    found = table.get(key)
+    if found is None:
+        found = table[key] = _data_parallel_memory(cost, micro, precision, ckpt, shards, zero_stage, offload, rank,
+                                                   coupled)
+    return found
+
+
+def _with_coupled_loss(cost: CostModel, phases: list[_Phase], c: CoupledLoss) -> list[_Phase]:
+    during, held = coupled_loss_bytes(cost, c)
+    if c.grad_cache:  # the loss runs between the no-graph pass and the chunks: no activation alive
+        return [_Phase(activations=0.0, other=during)] + [
+            _Phase(activations=p.activations, other=p.other + held) for p in phases]
+    top = max(range(len(phases)), key=lambda i: phases[i].activations)  # backward starts here
+    return [(_Phase(activations=p.activations, other=p.other + during) if i == top else p)
+            for i, p in enumerate(phases)]
 
 
 def _data_parallel_memory(cost: CostModel, micro: int, precision: str, ckpt: int, shards: int, zero_stage: int,
-                          offload: bool, rank: int) -> MemoryBreakdown:
+                          offload: bool, rank: int, coupled: CoupledLoss | None = None) -> MemoryBreakdown:
     count = cost.param_count()
     states = OPTIMIZER_STATE_PER_PARAM.get(cost.optimizer, 2)
     if zero_stage == 0:
@@ -272,6 +322,8 @@ def _data_parallel_memory(cost: CostModel, micro: int, precision: str, ckpt: int
         phases = _ddp_phases(cost, acts, micro, precision)
     else:
         phases = _fsdp_phases(cost, acts, micro, precision, zero_stage, shards)
+    if coupled is not None and cost.facts.batch_coupled:
+        phases = _with_coupled_loss(cost, phases, coupled)
     peak = max(phases, key=lambda p: p.activations + p.other)
     return MemoryBreakdown(
         params_bytes=state.params_bytes + cost.buffer_bytes(),  # FSDP2 does not shard or offload buffers

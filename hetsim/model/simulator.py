@@ -158,6 +158,21 @@ def run_graph(graph: TaskGraph) -> Schedule:
 
 
 @dataclass(frozen=True, slots=True)
+class StepTiming:
+    """What a prediction reads from a simulated step: the steady period, each plan device's busy time
+    and the time per task kind.  `steady_timing` takes it from the event simulation; a family with a
+    closed form (`Strategy.step_timing`) computes the same numbers without a task graph."""
+
+    period_s: float
+    busy_s: tuple[float, ...]
+    """Per plan device: time in compute and optimizer tasks (F, B, W, opt, recompute) of one step."""
+    breakdown_s: dict[str, float]
+    """Summed task time per kind over one step, every resource."""
+
+
+
+
+@dataclass(frozen=True, slots=True)
 class SteadyRun:
     step: Schedule
     """The first step alone (what a timeline shows)."""

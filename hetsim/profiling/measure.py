@@ -21,13 +21,16 @@ from hetsim.types import Fit
 from hetsim.workloads.builtin import PROFILED_OPTIMIZERS, Workload, make_optimizer
 from hetsim.workloads.precision import autocast
 
-FORMAT = "3"
+FORMAT = "4"
 """Part of every profile's fingerprint: bump it when a measured field changes meaning (what is timed,
 how, in which unit), so that recorded profiles are measured again.  A new field with a default needs
 no bump unless a profile without it would be used wrongly.  2: the memory calibration on GPUs no
 longer counts tensors alive before the step, and profiles gained the gradient cosine per precision
 (without it a precision's numerics go unchecked) and the host optimizer step.  3: CPU timings are
-kept at the host speed of the profile's probe (hetsim.profiling.hostspeed), calibration runs included."""
+kept at the host speed of the profile's probe (hetsim.profiling.hostspeed), calibration runs included.
+4: model profiles record their timing spread (`ModelProfile.timing_spread`); format-3 files still load,
+with the spread unknown, but the main job measures them again so that its predictions get an interval
+from this machine's spread."""
 
 
 def cpu_name() -> str:
@@ -56,7 +59,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _median_time(fn: Callable[[], object], device: torch.device, reps: int, warmup: int = 1) -> float:
+def _times(fn: Callable[[], object], device: torch.device, reps: int, warmup: int = 1) -> list[float]:
     for _ in range(warmup):
         fn()
     ts = []
@@ -66,7 +69,17 @@ def _median_time(fn: Callable[[], object], device: torch.device, reps: int, warm
         fn()
         _sync(device)
         ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
+    return ts
+
+
+def _median_time(fn: Callable[[], object], device: torch.device, reps: int, warmup: int = 1) -> float:
+    return statistics.median(_times(fn, device, reps, warmup))
+
+
+def rel_mad(ts: list[float]) -> float:
+    """Relative median absolute deviation of repeated timings: median |t - median| / median."""
+    mid = statistics.median(ts)
+    return statistics.median(abs(t - mid) for t in ts) / mid if mid > 0 else 0.0
 
 
 # ----------------------------------------------------------------------------- device
@@ -142,16 +155,18 @@ def profile_model(
     out_bytes = [0] * len(blocks)
     flops = [0.0] * len(blocks)
     fulls: list[tuple[float, float, int]] = []  # whole-model time, its probe, the index of its micro-batch
+    full_spreads: list[float] = []  # relative MAD of each whole-model timing's repetitions
     input_bytes = 0
     # On a CPU every timing is taken beside a host-speed probe and kept at the profile's reference
     # speed (hetsim.profiling.hostspeed): the host's slow and fast phases would otherwise bend the fits.
     probe = HostProbe() if device.type == "cpu" else None
     probes: list[float] = []
 
-    def probed(fn, reps: int) -> tuple[float, float]:
+    def probed(fn, reps: int) -> tuple[list[float], float]:
+        """Every repetition's time and the host probe taken just before them."""
         p = probe() if probe is not None else 0.0
         probes.append(p)
-        return _median_time(fn, device, reps), p
+        return _times(fn, device, reps), p
 
     for prec in precisions:
         for mb in micro_batches:
@@ -191,7 +206,8 @@ def profile_model(
                     with autocast(device, prec):
                         return blk(inp)
 
-                tf, p = probed(fwd_train, reps)
+                tfs, p = probed(fwd_train, reps)
+                tf = statistics.median(tfs)
                 tfb = _median_time(fwd_bwd, device, reps)
                 times[prec][k].append((tf, max(tfb - tf, 0.0), p))
                 acts[prec][k].append(float(saved))
@@ -201,8 +217,9 @@ def profile_model(
                 h = fwd().float() if out.is_floating_point() else fwd()
                 del out, grad
             if prec == "fp32":
-                full, p = probed(lambda x=x, y=y: workload.loss_sum(model(x), y).backward(), reps)
-                fulls.append((full, p, len(times[prec][0]) - 1))
+                ts, p = probed(lambda x=x, y=y: workload.loss_sum(model(x), y).backward(), reps)
+                fulls.append((statistics.median(ts), p, len(times[prec][0]) - 1))
+                full_spreads.append(rel_mad(ts))
             model.zero_grad(set_to_none=True)
     ref = ref_of(probes)
 
@@ -255,6 +272,7 @@ def profile_model(
         host_opt_step_s=host_fits,
         step_overhead_s=statistics.median(overhead) if overhead else 0.0,
         probe_s=ref,
+        timing_spread=statistics.median(full_spreads) if full_spreads else None,
         input_bytes_per_sample=input_bytes,
         memory=profile_memory(workload, device, micro_batches, precisions),
     )
@@ -281,11 +299,23 @@ def grad_cosine(workload: Workload, device: torch.device, precision: str, mb: in
     return float(torch.nn.functional.cosine_similarity(ref, low, dim=0))
 
 
+def _cpu_attention_flops(q, k, v, *args, out_shape=None, **kwargs) -> int:
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return sdpa_flop_count(q, k, v)
+
+
 def _flops(fwd: Callable[[], object], mb: int) -> float:
+    """Forward FLOPs per sample.  torch's counter has no formula for the CPU kernel of
+    scaled_dot_product_attention (it counts 0): attention's q·k and p·v FLOPs are added for it."""
     try:
         from torch.utils.flop_counter import FlopCounterMode
 
-        with FlopCounterMode(display=False) as fc:
+        extra = {}
+        cpu_sdpa = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+        if cpu_sdpa is not None:
+            extra[cpu_sdpa] = _cpu_attention_flops
+        with FlopCounterMode(display=False, custom_mapping=extra) as fc:
             fwd()
         return fc.get_total_flops() / mb
     except Exception:  # FLOPs are informative only

@@ -98,6 +98,12 @@ class ModelProfile:
     """CPU profiles: the host-speed probe's median time while this profile was recorded
     (hetsim.profiling.hostspeed).  Every time above is kept at that host speed, calibration runs included;
     0 for GPU profiles and profiles recorded without a probe."""
+    timing_spread: float | None = None
+    """Relative spread of the repeated timings while this profile was recorded: over the micro-batch
+    sizes, the median of the relative median absolute deviation (MAD / median) of the repeated
+    whole-model forward+backward timings (hetsim.profiling.measure).  It sees the host's jitter within
+    seconds, not its slower phases; hetsim.reporting.decision turns it into a prediction interval with
+    a floor.  None: unknown (profiles of format 3 and before, roofline profiles of catalog GPUs)."""
 
     @property
     def param_count(self) -> int:

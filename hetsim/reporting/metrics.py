@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from hetsim.reporting.decision import rows_decision
 from hetsim.reporting.rows import Row
 from hetsim.serial import to_dict
 
@@ -109,4 +110,5 @@ def accuracy(rows: list[Row]) -> dict:
         "peak_mem_mape": mape_of(merrs) if merrs else None,
         "oom_predicted_to_fit": len(oom_fit),
         "oom_predicted_to_fit_plans": [oom_detail(r) for r in oom_fit],
+        **rows_decision(rows),
     }

@@ -11,10 +11,13 @@ import jinja2
 import pandas as pd
 from markupsafe import Markup
 
+from hetsim.reporting.decision import decision_text, outside
 from hetsim.reporting.metrics import err_pct, host_speed, oom_text, speedup
 from hetsim.reporting.rows import ReportData, Row
 
-HEADER = ["#", "plan", "pred samples/s", "meas samples/s", "step err %", "host speed", "speedup", "pred MiB", "meas MiB"]
+HEADER = ["#", "plan", "pred samples/s", "meas samples/s", "step err %", "in interval", "host speed", "speedup",
+          "pred MiB", "meas MiB"]
+TOKEN_HEADER = ["pred tokens/s", "meas tokens/s"]
 HOST_SPEED_NOTE = ("host speed: how fast this machine ran during the run relative to when its profiles were "
                    "recorded, from a fixed probe timed before every step (hetsim.profiling.hostspeed); \"step err %\" "
                    "compares the prediction with the measured step at the profiles' host speed, \"meas "
@@ -37,12 +40,27 @@ def _table_row(data: ReportData, r: Row) -> list[str]:
         r.label,
         _fmt(r.predicted.samples_per_s),
         _fmt(m.samples_per_s if m else None) if m and m.status == "ok" else (m.status if m else "not run"),
+        *_token_cells(data, r),
         _fmt(err_pct(r), "+.1f"),
+        {None: "-", False: "yes", True: "OUT"}[outside(r)],
         _fmt(hs, ".2f") + ("x" if hs else ""),
         _fmt(sp, ".2f") + ("x" if sp else ""),
         " / ".join(f"{b / 2**20:.0f}" for b in r.predicted.peak_mem_bytes),
         " / ".join(f"{b / 2**20:.0f}" for b in m.peak_mem_bytes) if m and m.peak_mem_bytes else "-",
     ]
+
+
+def header(data: ReportData) -> list[str]:
+    """The table's columns: tokens/s beside samples/s for sequence models."""
+    return HEADER[:4] + TOKEN_HEADER + HEADER[4:] if data.tokens_per_sample else list(HEADER)
+
+
+def _token_cells(data: ReportData, r: Row) -> list[str]:
+    if not data.tokens_per_sample:
+        return []
+    m = r.measured
+    meas = _fmt(m.samples_per_s * data.tokens_per_sample, ".0f") if m and m.status == "ok" else "-"
+    return [_fmt(r.predicted.samples_per_s * data.tokens_per_sample, ".0f"), meas]
 
 
 def table_rows(data: ReportData) -> list[list[str]]:
@@ -51,8 +69,8 @@ def table_rows(data: ReportData) -> list[list[str]]:
 
 
 def table_frame(data: ReportData) -> pd.DataFrame:
-    """The plans table as a DataFrame with the columns of HEADER."""
-    return pd.DataFrame(table_rows(data), columns=HEADER)
+    """The plans table as a DataFrame with the columns of `header(data)`."""
+    return pd.DataFrame(table_rows(data), columns=header(data))
 
 
 def banners(data: ReportData) -> list[str]:
@@ -76,7 +94,7 @@ def accuracy_line(s: dict) -> str:
         return f"Accuracy of this run: no candidate was executed successfully; {oom}"
     return (f"Accuracy of this run: step-time MAPE {a['step_time_mape'] * 100:.1f}% (max {a['step_time_max_err'] * 100:.1f}%) "
             f"over {a['executed_ok']} executed plans; peak-memory MAPE "
-            f"{(a['peak_mem_mape'] or 0) * 100:.1f}%; {oom}")
+            f"{(a['peak_mem_mape'] or 0) * 100:.1f}%; {decision_text(a)}; {oom}")
 
 
 def oom_lines(s: dict) -> list[str]:
@@ -98,7 +116,8 @@ def markdown(data: ReportData, s: dict, figs: dict[str, Path]) -> str:
         lines += ["**Out of memory although predicted to fit:**", ""]
         lines += [f"- {t}; plan `{json.dumps(d['plan'])}`" for t, d in zip(oom_lines(s), oom)] + [""]
     lines += banners(data) + [""]
-    lines += [f"- model: `{data.model}`, global batch {data.global_batch}", f"- cluster: {data.cluster.describe()}", ""]
+    tokens = f" ({data.global_batch * data.tokens_per_sample} tokens)" if data.tokens_per_sample else ""
+    lines += [f"- model: `{data.model}`, global batch {data.global_batch}{tokens}", f"- cluster: {data.cluster.describe()}", ""]
     frame = table_frame(data).apply(lambda col: col.str.replace("|", "/", regex=False))
     lines += [frame.to_markdown(index=False, tablefmt="pipe", disable_numparse=True), ""]
     failed = dict((id(r), err) for r, err in _failures(data))

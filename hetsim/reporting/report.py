@@ -12,12 +12,15 @@ from pathlib import Path
 
 import pandas as pd
 
+from hetsim.reporting import measured
+from hetsim.reporting.decision import outside
 from hetsim.reporting.figures import write_figures
 from hetsim.reporting.metrics import accuracy, err_pct, host_speed, oom_detail, oom_text
 from hetsim.reporting.render import (
     HEADER,
     HOST_SPEED_NOTE,
     accuracy_line,
+    header,
     html,
     markdown,
     oom_lines,
@@ -36,6 +39,7 @@ __all__ = [
     "accuracy_line",
     "err_pct",
     "folder_name",
+    "header",
     "host_speed",
     "oom_detail",
     "oom_lines",
@@ -73,6 +77,7 @@ def summary(data: ReportData) -> dict:
                     "devices": [{"name": d.name, "kind": d.kind, "memory_bytes": d.memory_bytes, "speed": d.speed}
                                 for d in c.devices]},
         "global_batch": data.global_batch,
+        "tokens_per_sample": data.tokens_per_sample,
         "accuracy": accuracy(data.rows()),
         "candidates": [{"place": r.place, "label": r.label, "plan": to_dict(r.plan), "predicted": _pred_json(r.predicted),
                         "measured": _meas_json(r.measured)} for r in data.candidates],
@@ -92,8 +97,11 @@ def runs_frame(data: ReportData) -> pd.DataFrame:
                      "pred_step_time_s": r.predicted.step_time_s, "pred_samples_per_s": r.predicted.samples_per_s,
                      "status": m.status if m else "not_run", "meas_step_time_s": m.step_time_s if m else None,
                      "meas_step_time_at_profile_speed_s": m.step_time_at(r.ref_probe_s) if m else None,
-                     "host_speed": host_speed(r),
+                     "host_speed": host_speed(r), "outside_interval": outside(r),
                      "meas_samples_per_s": m.samples_per_s if m else None,
+                     **({"pred_tokens_per_s": r.predicted.samples_per_s * data.tokens_per_sample,
+                         "meas_tokens_per_s": m.samples_per_s * data.tokens_per_sample if m and m.samples_per_s else None}
+                        if data.tokens_per_sample else {}),
                      "pred_peak_mem_bytes": list(r.predicted.peak_mem_bytes),
                      "meas_peak_mem_bytes": list(m.peak_mem_bytes) if m and m.peak_mem_bytes else None})
     return pd.DataFrame(runs)
@@ -116,6 +124,7 @@ def write(data: ReportData, out_root: Path) -> Path:
     if data.timeline:
         write_chrome_trace(data.timeline, out / "timeline.trace.json")
     figs = write_figures(data, out)
+    figs.update(measured.write(data.rows(), out, data.timeline_label))  # measured_timeline.png + .trace.json
     (out / "report.md").write_text(markdown(data, s, figs))
     (out / "report.html").write_text(html(data, s, figs))
     return out

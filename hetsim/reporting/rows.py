@@ -18,6 +18,9 @@ class Row:
     ref_probe_s: float = 0.0
     """The profiles' host-speed probe (hetsim.profiling.hostspeed): a probed run's step is compared with the
     prediction at that host speed.  0: compare raw times (GPUs, unprobed profiles)."""
+    timing_spread: float | None = None
+    """The profiles' relative timing spread (hetsim.reporting.decision.profile_spread; None: unknown):
+    the prediction's interval is derived from it."""
 
 
 @dataclass
@@ -34,6 +37,8 @@ class ReportData:
     timeline_label: str = ""
     notes: list[str] = field(default_factory=list)
     history: list[tuple[int, float]] = field(default_factory=list)
+    tokens_per_sample: int = 0
+    """Tokens in one sample (sequence models): the table also shows tokens/s.  0: not a sequence model."""
 
     def rows(self) -> list[Row]:
         """The candidates, then the baseline when there is one."""

@@ -13,12 +13,14 @@ from hetsim.workloads.builtin import (
     make_optimizer,
     workload_from_spec,
 )
+from hetsim.workloads.usermodel import UserModel
 
 __all__ = [
     "BUILTIN",
     "IMAGE_MODELS",
     "OPTIMIZER_STATE_PER_PARAM",
     "OPTIMIZERS",
+    "UserModel",
     "Workload",
     "default_image_size",
     "load_workload",

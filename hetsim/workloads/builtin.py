@@ -8,77 +8,24 @@ objective (plain gradient accumulation, uneven unsynchronised shards) are not of
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
-from dataclasses import dataclass, field
-
 import torch
 from torch import nn
 
 from hetsim.errors import ConfigError, UnknownNameError
-
-
-@dataclass(kw_only=True)
-class Workload:
-    name: str
-    build_blocks: Callable[[], list[tuple[str, nn.Module]]]
-    """Fresh blocks, in order, with deterministic initial weights."""
-    make_batch: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
-    """(n, seed) -> (inputs, targets), deterministic."""
-    loss_sum: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = field(
-        default=lambda out, y: nn.functional.cross_entropy(out, y, reduction="sum")
-    )
-    """Sum of per-sample losses (the runner divides by the global batch)."""
-    optimizer: str = "adamw"
-    """'adamw', 'adam' or 'sgd' (with momentum)."""
-    lr: float = 1e-3
-    has_batchnorm: bool = False
-    batch_coupled: bool = False
-    """True when the loss couples every sample (InfoNCE): accumulation would change the objective."""
-    image_size: int | None = None
-    spec: str = ""
-    """How to rebuild this workload in a worker: 'resnet50@64' or 'pkg.mod:fn'."""
-
-    def model(self) -> nn.Sequential:
-        torch.manual_seed(0)
-        blocks = self.build_blocks()
-        seq = nn.Sequential()
-        for name, mod in blocks:
-            seq.add_module(name, mod)
-        return seq
-
-    def block_names(self) -> list[str]:
-        return [n for n, _ in self.build_blocks()]
-
-    def make_optimizer(self, params) -> torch.optim.Optimizer:
-        return make_optimizer(self.optimizer, params, self.lr)
-
-
-OPTIMIZER_STATE_PER_PARAM = {"adamw": 2, "adam": 2, "sgd": 1}
-"""Optimizer state tensors per parameter (exp_avg + exp_avg_sq; momentum buffer)."""
-OPTIMIZERS = tuple(OPTIMIZER_STATE_PER_PARAM)
-"""The optimizer names a workload accepts."""
-PROFILED_OPTIMIZERS = ("adamw", "sgd")
-"""The optimizers whose step profiling times (adam steps as adamw does: the cost model falls back to it)."""
-BN_MIN_SAMPLES = 2
-"""BatchNorm in training mode needs more than one value per channel: every micro-batch of a
-BatchNorm model holds at least this many samples (torch raises on one)."""
-
-
-def min_samples_per_micro_batch(has_batchnorm: bool, min_local: int = 1) -> int:
-    """Fewest samples a micro-batch may hold: the user's `--min-local-batch`, and two for BatchNorm."""
-    return max(min_local, BN_MIN_SAMPLES if has_batchnorm else 1)
-
-
-def make_optimizer(kind: str, params, lr: float) -> torch.optim.Optimizer:
-    if kind == "adamw":
-        return torch.optim.AdamW(params, lr=lr, foreach=False)
-    if kind == "adam":
-        return torch.optim.Adam(params, lr=lr, foreach=False)
-    if kind == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9, foreach=False)
-    raise UnknownNameError("optimizer", kind, list(OPTIMIZERS))
-
+from hetsim.workloads.base import (  # noqa: F401 (re-exported)
+    BN_MIN_SAMPLES,
+    OPTIMIZER_STATE_PER_PARAM,
+    OPTIMIZERS,
+    PROFILED_OPTIMIZERS,
+    Workload,
+    make_optimizer,
+    min_samples_per_micro_batch,
+)
+from hetsim.workloads.contrastive import clip, simclr
+from hetsim.workloads.ecosystem import ecosystem_workload
+from hetsim.workloads.transformer import BERT_PRESETS, GPT_PRESETS, bert_workload, gpt_workload
+from hetsim.workloads.usermodel import load_user
+from hetsim.workloads.vit import VIT_PRESETS, vit_workload
 
 # ----------------------------------------------------------------------------- vision
 
@@ -185,15 +132,31 @@ BUILTIN = {
     "resnet18_gn": lambda size: torchvision_resnet("resnet18", size, groupnorm=True),
     "mlp": lambda size: mlp(),
     "gn_resnet": lambda size: gn_resnet(size),
-    "gpt": lambda size: _gpt(),
+    "gpt": lambda size: gpt_workload(),
+    "bert": lambda size: bert_workload(),
+    "vit": lambda size: vit_workload(image_size=size or None),
+    "simclr": lambda size: simclr(size) if size else simclr(),
+    "clip": lambda size: clip(size) if size else clip(),
+}
+IMAGE_MODELS = {"resnet50", "resnet18", "resnet18_gn", "gn_resnet", "vit", "simclr", "clip"}
+SEQUENCE_MODELS = {"gpt", "bert"}
+SIZED_MODELS = {"gpt": GPT_PRESETS, "bert": BERT_PRESETS, "vit": VIT_PRESETS}
+"""Built-in models with size presets (--model-size)."""
+DEFAULT_SIZE = {
+    # Emulated clusters: one step of the default batch (32) takes about a second on one core.
+    "emulated": {"gpt": "tiny", "bert": "tiny", "vit": "tiny"},
+    # GPUs (real or catalog): GPT-2 small, BERT-base, ViT-B/16.
+    "gpu": {"gpt": "small", "bert": "base", "vit": "b16"},
 }
 
 
-def _gpt() -> Workload:
-    from hetsim.workloads.transformer import gpt_workload  # transformer.py builds on Workload above
-
-    return gpt_workload()
-IMAGE_MODELS = {"resnet50", "resnet18", "resnet18_gn", "gn_resnet"}
+def default_size(model: str, cluster_source: str) -> tuple[str | None, int | None]:
+    """(preset, sequence length) a sized built-in model gets on this kind of cluster; (None, None)
+    for other models.  The sequence length is None where the preset's own applies."""
+    if model not in SIZED_MODELS:
+        return None, None
+    kind = "emulated" if cluster_source == "emulated" else "gpu"
+    return DEFAULT_SIZE[kind][model], None
 
 
 def default_image_size(model: str, emulated: bool) -> int | None:
@@ -201,6 +164,10 @@ def default_image_size(model: str, emulated: bool) -> int | None:
         return None
     if model == "gn_resnet":
         return 32
+    if model == "vit":
+        return None  # the preset's own (--model-size)
+    if model in CONTRASTIVE_IMAGE_SIZE:  # sized for emulated clusters (hetsim.workloads.contrastive)
+        return CONTRASTIVE_IMAGE_SIZE[model]
     if not emulated:
         return 224  # ImageNet's size
     # On emulated (CPU) clusters: small enough that a step of the default batch takes about a
@@ -209,58 +176,44 @@ def default_image_size(model: str, emulated: bool) -> int | None:
     return EMULATED_IMAGE_SIZE.get(model, 64)
 
 
+CONTRASTIVE_IMAGE_SIZE = {"simclr": 96, "clip": 32}
 EMULATED_IMAGE_SIZE = {"resnet18": 128, "resnet18_gn": 128, "resnet50": 64}
 
 
-def load_workload(model: str, image_size: int | None = None, optimizer: str | None = None) -> Workload:
-    """A built-in name, or `module:function` returning a Workload."""
-    if ":" in model:
-        wl = _load_user(model)
+def load_workload(model: str, image_size: int | None = None, optimizer: str | None = None, *,
+                  size: str | None = None, seq_len: int | None = None) -> Workload:
+    """A built-in name (with `size` preset and `seq_len` for gpt/bert/vit), `hf:NAME`, `timm:NAME`,
+    or `module:function` returning a Workload, a UserModel or an nn.Module."""
+    if model.startswith(("hf:", "timm:")):
+        wl = ecosystem_workload(model, seq_len=seq_len, image_size=image_size)
+    elif ":" in model:
+        wl = load_user(model)
+    elif model in SIZED_MODELS:
+        preset = size or DEFAULT_SIZE["emulated"][model]
+        wl = vit_workload(preset, image_size) if model == "vit" else SIZED_BUILDERS[model](preset, seq_len)
     else:
         if model not in BUILTIN:
-            raise UnknownNameError("model", model, list(BUILTIN), "or pass module:function returning a hetsim Workload")
-        size = image_size if image_size is not None else (default_image_size(model, True) or 0)
-        wl = BUILTIN[model](size)
+            raise UnknownNameError("model", model, list(BUILTIN), "or pass module:function returning an nn.Module")
+        sz = image_size if image_size is not None else (default_image_size(model, True) or 0)
+        wl = BUILTIN[model](sz)
     if optimizer is not None:
         make_optimizer(optimizer, [nn.Parameter(torch.zeros(1))], 1e-3)  # validates the name
         wl.optimizer = optimizer
     return wl
 
 
-def _load_user(spec: str) -> Workload:
-    mod_name, _, fn_name = spec.partition(":")
-    if not mod_name or not fn_name:
-        raise ConfigError(f"--model {spec!r}: write module:function, e.g. mypkg.models:my_workload")
-    try:
-        mod = importlib.import_module(mod_name)
-    except ImportError as e:
-        raise ConfigError(f"--model {spec!r}: module {mod_name!r} cannot be imported ({e}); check PYTHONPATH") from None
-    except Exception as e:  # the module itself fails while importing (syntax error, its own exception)
-        raise ConfigError(
-            f"--model {spec!r}: importing module {mod_name!r} raised {type(e).__name__}: {e}; fix the module"
-        ) from None
-    fn = getattr(mod, fn_name, None)
-    if fn is None or not callable(fn):
-        raise ConfigError(f"--model {spec!r}: module {mod_name!r} has no callable {fn_name!r}")
-    try:
-        wl = fn()
-    except Exception as e:  # user code: report what it raised
-        raise ConfigError(f"--model {spec!r}: {fn_name}() raised {type(e).__name__}: {e}") from None
-    if not isinstance(wl, Workload):
-        raise ConfigError(
-            f"--model {spec!r}: {fn_name}() returned {type(wl).__name__}, expected hetsim.workloads.builtin.Workload"
-        )
-    wl.spec = spec
-    return wl
+SIZED_BUILDERS = {"gpt": gpt_workload, "bert": bert_workload}
 
 
 def workload_from_spec(spec: str, optimizer: str = "adamw") -> Workload:
     """Rebuild a workload in a worker process from its `spec` string."""
-    if spec.startswith("gpt@"):  # gpt@PRESET[@SEQ_LEN]
-        from hetsim.workloads.transformer import gpt_workload
-
-        preset, _, seq = spec[4:].partition("@")
-        wl = gpt_workload(preset, int(seq) if seq else None)
+    head, _, rest = spec.partition("@")
+    if head in SIZED_MODELS and ":" not in spec:  # gpt@PRESET[@SEQ_LEN], vit@PRESET[@IMAGE_SIZE]
+        preset, _, num = rest.partition("@")
+        n = int(num) if num else None
+        wl = vit_workload(preset, n) if head == "vit" else SIZED_BUILDERS[head](preset, n)
+    elif spec.startswith(("hf:", "timm:")):
+        wl = ecosystem_workload(spec)
     elif "@" in spec and ":" not in spec:
         name, size = spec.split("@")
         wl = load_workload(name, int(size))

@@ -6,8 +6,7 @@ import contextlib
 
 import torch
 
-PRECISIONS = ("fp32", "bf16", "fp16")
-"""'fp32'; 'bf16' and 'fp16' run under torch.autocast (fp16 with loss scaling, CUDA only)."""
+from hetsim.names import PRECISIONS  # noqa: F401 (re-exported)
 
 
 def low_precision_dtype(precision: str) -> torch.dtype:

@@ -1,8 +1,9 @@
-"""Transformer workloads: a GPT-2 style decoder (and the blocks the encoder models share).
+"""Transformer workloads: a GPT-2 style decoder and a BERT-style encoder with a masked-LM head.
 
 The model is an ordered list of blocks, the pipeline cut points: `embed` (token + position
 embeddings), `layer0..layerN-1` (pre-norm transformer blocks: causal self-attention and an MLP),
-`head` (final LayerNorm and the LM head).  Module names inside a block are the ones tensor
+`head` (final LayerNorm and the LM head).  BERT is the same chain with bidirectional attention
+(`causal=False`), trained on masked positions only.  Module names inside a block are the ones tensor
 parallelism shards (Megatron's split): `attn.qkv` and `mlp.fc` column-wise, `attn.proj` and
 `mlp.proj` row-wise; `attn.n_head` heads of `d_model // n_head` units each.
 
@@ -13,13 +14,15 @@ goes through the cut-point finder, which keeps tied parameters on one stage).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from hetsim.workloads.builtin import Workload
+from hetsim.errors import ConfigError, UnknownNameError
+from hetsim.workloads.base import Workload
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -156,16 +159,81 @@ def param_count(cfg: GPTConfig) -> int:
 
 
 def gpt_workload(preset: str = "tiny", seq_len: int | None = None) -> Workload:
-    """The built-in `gpt` workload: a GPT preset on synthetic token batches."""
-    import dataclasses
-
-    cfg = GPT_PRESETS[preset]
-    if seq_len is not None:
-        cfg = dataclasses.replace(cfg, seq_len=seq_len)
+    """The built-in `gpt` workload: a GPT preset on synthetic token batches (spec `gpt@PRESET@SEQ_LEN`)."""
+    cfg = sized(GPT_PRESETS, "gpt", preset, seq_len)
 
     def build() -> list[tuple[str, nn.Module]]:
         torch.manual_seed(0)
         return gpt_blocks(cfg)
 
     return Workload(name="gpt", build_blocks=build, make_batch=token_batch(cfg), loss_sum=lm_loss_sum,
-                    spec=f"gpt@{preset}" + (f"@{seq_len}" if seq_len is not None else ""))
+                    spec=f"gpt@{preset}@{cfg.seq_len}", tokens_per_sample=cfg.seq_len,
+                    about=describe("gpt", preset, cfg, param_count(cfg)))
+
+
+def sized(presets: dict[str, GPTConfig], model: str, preset: str, seq_len: int | None) -> GPTConfig:
+    """A preset, with its sequence length replaced; unknown names and bad lengths fail with the rule."""
+    if preset not in presets:
+        raise UnknownNameError(f"--model-size for {model}", preset, list(presets))
+    cfg = presets[preset]
+    if seq_len is not None:
+        if seq_len < 2:
+            raise ConfigError(f"--seq-len {seq_len} is too short for {model}: use at least 2 tokens")
+        cfg = dataclasses.replace(cfg, seq_len=seq_len)
+    return cfg
+
+
+def describe(model: str, preset: str, cfg: GPTConfig, params: int) -> str:
+    return (f"{model} {preset}: {params / 1e6:.1f}M parameters, {cfg.n_layer} layers, d_model {cfg.d_model}, "
+            f"{cfg.n_head} heads, vocabulary {cfg.vocab_size}, {cfg.seq_len} tokens per sample")
+
+
+# ----------------------------------------------------------------------------- BERT (masked LM)
+
+BERT_PRESETS: dict[str, GPTConfig] = {
+    "tiny": GPTConfig(vocab_size=2048, seq_len=64, d_model=128, n_layer=4, n_head=4, causal=False),
+    "mini": GPTConfig(vocab_size=8192, seq_len=128, d_model=256, n_layer=6, n_head=8, causal=False),
+    # BERT-base: 30522 tokens padded up to a multiple of 64, 512 positions.
+    "base": GPTConfig(vocab_size=30528, seq_len=512, d_model=768, n_layer=12, n_head=12, causal=False),
+    "large": GPTConfig(vocab_size=30528, seq_len=512, d_model=1024, n_layer=24, n_head=16, causal=False),
+}
+MASK_FRACTION = 0.15
+"""BERT's masking rate; every sample masks at least one position, so its loss is defined."""
+IGNORE = -100
+"""Target of an unmasked position (cross_entropy's ignore_index)."""
+
+
+def masked_batch(cfg: GPTConfig):
+    """(n, seed) -> (tokens with masked positions set to the [MASK] id, targets at masked positions,
+    IGNORE elsewhere): synthetic, deterministic for the seed."""
+    mask_id = cfg.vocab_size - 1
+
+    def make(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
+        tokens = torch.randint(0, cfg.vocab_size - 1, (n, cfg.seq_len), generator=g)
+        masked = torch.rand(n, cfg.seq_len, generator=g) < MASK_FRACTION
+        masked[torch.arange(n), torch.randint(0, cfg.seq_len, (n,), generator=g)] = True
+        return tokens.masked_fill(masked, mask_id), tokens.masked_fill(~masked, IGNORE)
+
+    return make
+
+
+def mlm_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Sum over samples of each sample's mean cross-entropy over its masked positions only."""
+    per_token = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none",
+                                ignore_index=IGNORE).view(targets.shape)
+    counts = (targets != IGNORE).sum(dim=1).clamp(min=1)
+    return (per_token.sum(dim=1) / counts).sum()
+
+
+def bert_workload(preset: str = "tiny", seq_len: int | None = None) -> Workload:
+    """The built-in `bert` workload: an encoder (bidirectional blocks) with a masked-LM head."""
+    cfg = sized(BERT_PRESETS, "bert", preset, seq_len)
+
+    def build() -> list[tuple[str, nn.Module]]:
+        torch.manual_seed(0)
+        return gpt_blocks(cfg)
+
+    return Workload(name="bert", build_blocks=build, make_batch=masked_batch(cfg), loss_sum=mlm_loss_sum,
+                    spec=f"bert@{preset}@{cfg.seq_len}", tokens_per_sample=cfg.seq_len,
+                    about=describe("bert", preset, cfg, param_count(cfg)))

@@ -3,7 +3,8 @@
 - Ctrl-C (SIGINT) during a real run: that run finishes, nothing after it starts, the report of
   what is done is written, exit code 130.
 - SIGKILL during the search and again during the real runs: rerunning the same command resumes
-  the study; every trial and measurement finished before a kill is still there, the trial
+  the study; every trial written before a kill (trials are written once a second: a kill loses
+  at most the last second's) and every measurement is still there, the trial
   count continues from the stored trials up to --trials (the study's total), and a stored
   measurement is not run again.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import json
 import signal
-import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -23,24 +23,30 @@ from clitools import ROOT, TINY, cli, processes_naming
 pytestmark = pytest.mark.slow
 
 
-def _db_count(db: Path, study: str, sql: str) -> int:
-    if not db.exists():
-        return 0
+def _load(out: Path, study: str):
+    """The study as stored in the CLI's default journal (None before it exists)."""
+    import optuna
+    from hetsim.search.persist import make_storage
+
+    path = out / "hetsim.journal"
+    if not path.exists():
+        return None
     try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as con:
-            return con.execute(sql, (study,)).fetchone()[0]
-    except sqlite3.OperationalError:  # tables not created yet, or locked for a moment
-        return 0
+        return optuna.load_study(study_name=study, storage=make_storage(f"journal:{path}"))
+    except KeyError:  # the study is not created yet
+        return None
 
 
-def complete_trials(db: Path, study: str) -> int:
-    return _db_count(db, study, "SELECT count(*) FROM trials t JOIN studies s ON t.study_id = s.study_id "
-                                "WHERE s.study_name = ? AND t.state = 'COMPLETE'")
+def complete_trials(out: Path, study: str) -> int:
+    import optuna
+
+    st = _load(out, study)
+    return 0 if st is None else len(st.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
 
 
-def measurements(db: Path, study: str) -> int:
-    return _db_count(db, study, "SELECT count(*) FROM study_user_attributes a JOIN studies s "
-                                "ON a.study_id = s.study_id WHERE s.study_name = ? AND a.key LIKE 'measured:%'")
+def measurements(out: Path, study: str) -> int:
+    st = _load(out, study)
+    return 0 if st is None else sum(k.startswith("measured:") for k in st.user_attrs)
 
 
 def start(out: Path, study: str, *extra: str) -> tuple[subprocess.Popen, Path]:
@@ -75,7 +81,7 @@ def study_state(out: Path, study: str) -> tuple[dict[int, tuple], dict[str, dict
     """Finished trials by number (params, value, plan) and stored measurements by key."""
     import optuna
 
-    st = optuna.load_study(study_name=study, storage=f"sqlite:///{out / 'hetsim.db'}")
+    st = _load(out, study)
     trials = {t.number: (t.params, t.value, t.user_attrs.get("plan"))
               for t in st.get_trials(states=(optuna.trial.TrialState.COMPLETE,))}
     meas = {k: v for k, v in st.user_attrs.items() if k.startswith("measured:")}
@@ -97,19 +103,20 @@ def test_ctrl_c_finishes_the_current_run_writes_the_report_and_exits_130(seeded_
     assert s["candidates"][0]["measured"]["status"] == "ok"  # the run under way finished
     later = [c["measured"]["status"] for c in s["candidates"][1:]] + [s["baselines"]["uniform_ddp"]["measured"]["status"]]
     assert later and all(st in ("not_run", "ok") for st in later)
-    assert measurements(out / "hetsim.db", study) == 1 + later.count("ok")  # an identical plan reuses run 1
+    assert measurements(out, study) == 1 + later.count("ok")  # an identical plan reuses run 1
     assert (folder / "report.md").exists() and (folder / "report.html").exists()
     wait_nothing_left(str(out))
 
 
 def test_sigkill_loses_no_trial_or_measurement_and_resume_continues(seeded_out):
     out, study, total = seeded_out, "killed", "30"
-    db = out / "hetsim.db"
-    args = ("--trials", total, "--top-k", "1")
+    # Trials are written once a second (hetsim.search.persist.FLUSH_EVERY_S); a 0.1 s wait per trial
+    # makes the search last ~3 s, so that the kill lands half-way.
+    args = ("--trials", total, "--top-k", "1", "--trial-delay", "0.1")
 
-    # 1. Killed during the search.
+    # 1. Killed during the search, once a batch of trials is written.
     proc, log = start(out, study, *args)
-    wait_for(lambda: complete_trials(db, study) >= 6, proc, log)
+    wait_for(lambda: complete_trials(out, study) >= 6, proc, log)
     proc.kill()
     proc.wait()
     trials_a, _ = study_state(out, study)
@@ -117,7 +124,7 @@ def test_sigkill_loses_no_trial_or_measurement_and_resume_continues(seeded_out):
 
     # 2. The same command resumes: the count continues to --trials; killed during the real runs.
     proc, log = start(out, study, *args)
-    wait_for(lambda: measurements(db, study) >= 1, proc, log)
+    wait_for(lambda: measurements(out, study) >= 1, proc, log)
     proc.kill()
     proc.wait()
     text = log.read_text()

@@ -8,6 +8,9 @@ cluster) and committed.  These tests only read it:
 2. the current cost model replayed on the recorded measurements: every recorded plan predicted
    again from the recorded profiles it was measured with, against the recorded measurement. A cost
    model change that makes predictions worse fails here without running anything.
+
+A gate that cannot check fails, never skips: a missing fidelity.json, or profiles whose sha256 no
+longer matches the ones the fidelity run recorded, is a failure that says what to record.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ FIDELITY = golden.RESULTS / "bench" / "fidelity.json"
 @pytest.fixture(scope="module")
 def fidelity() -> dict:
     if not FIDELITY.exists():
-        pytest.skip(f"{FIDELITY} is not recorded yet: run `nox -s bench` on a quiet machine and commit it")
+        pytest.fail(f"{FIDELITY} is not recorded: run `nox -s bench` on a quiet machine and commit it")
     return json.loads(FIDELITY.read_text())
 
 
@@ -49,9 +52,12 @@ def test_current_cost_model_on_recorded_measurements(fidelity):
     from hetsim.workloads.builtin import workload_from_spec
 
     now = golden.profile_digests(golden.RESULTS, fidelity["model"])
-    if now != fidelity["profiles"]:
-        pytest.skip("results/profiles/ changed since the fidelity run (the recorded measurements belong to "
-                    "the old profiles); rerun `nox -s bench`")
+    changed = sorted(k for k in set(now) | set(fidelity["profiles"]) if now.get(k) != fidelity["profiles"].get(k))
+    assert not changed, (
+        f"the accuracy gate is stale: {', '.join(changed)} changed since {FIDELITY.name} was recorded (sha256 "
+        "differs), so its measurements belong to other profiles and nothing checks the cost model against real "
+        "runs; record both together (`rm -r results/profiles/emu-cpu && nox -s bench`, see results/README.md) "
+        "or restore the profiles with `git checkout results/profiles`")
     wl = workload_from_spec(fidelity["model"], fidelity["optimizer"])
     cluster = dataclasses.replace(parse_cluster(fidelity["cluster"]), host_memory_bytes=golden.HOST_MEMORY_BYTES)
     cost = CostModel(cluster, golden.recorded_profiles(golden.RESULTS, fidelity["model"]), wl.optimizer,

@@ -18,6 +18,9 @@ CAPS = ("4G", "60K", "10K")
 @pytest.mark.parametrize("name", strategies.names())
 def test_examples_on_tight_clusters_are_valid_and_never_raise(name):
     strat = strategies.get(name)
+    why = strat.unavailable(SearchContext(cost=synthetic_cost([1.0, 0.5], [1e-3] * 5), global_batch=8))
+    if why is not None:  # tp needs a transformer: its examples are checked by the contract suite on gpt@tiny
+        pytest.skip(f"{name} {why}")
     roomy_counts = []
     shapes = itertools.product((1, 2, 3, 4), CAPS, (1, 3, 8, 32), (1, 2, 5))
     for n_dev, cap, batch, n_blocks in shapes:

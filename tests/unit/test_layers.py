@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LAYERS = {"hetsim": 0, "hetsim.strategies": 1, "hetsim.search": 2}
+LAYERS = {"hetsim": 0, "hetsim.strategies": 1, "hetsim.search": 2, "hetsim.train": 2}
+"""hetsim.train (training with a found plan) is an application on top, like hetsim.search."""
 FOLDERS = {"hetsim": "hetsim", "strategies": "hetsim.strategies", "search": "hetsim.search"}
 EXEMPT = ("hetsim.testing",)
 

@@ -114,3 +114,18 @@ def test_no_pickle_and_no_shell_strings():
             text = path.read_text()
             for pat in banned:
                 assert not re.search(pat, text), f"{path.relative_to(ROOT)} matches {pat}"
+
+
+def test_sequence_models_show_tokens_per_second():
+    plan = DDPPlan(devices=(0, 1), local_batch=(8, 8))
+    meas = Measurement(status="ok", step_time_s=0.2, samples_per_s=80.0, peak_mem_bytes=(60 * MiB, 80 * MiB))
+    row = report.Row(place=1, label="ddp", plan=plan, predicted=_prediction(), measured=meas)
+    plain = _data([row])
+    assert "pred tokens/s" not in report.header(plain)
+    tokens = _data([row])
+    tokens.tokens_per_sample = 64
+    head = report.header(tokens)
+    cells = dict(zip(head, report.table_rows(tokens)[0]))
+    assert cells["pred tokens/s"] == f"{160.0 * 64:.0f}" and cells["meas tokens/s"] == f"{80.0 * 64:.0f}"
+    assert len(head) == len(report.table_rows(tokens)[0])
+    assert report.summary(tokens)["tokens_per_sample"] == 64

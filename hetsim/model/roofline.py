@@ -1,0 +1,218 @@
+"""Block times of a GPU nobody measured here: a per-operator roofline over the traced shapes.
+
+Each aten operator of a block's forward or backward (hetsim.profiling.shapes) takes
+
+    max(FLOPs / (peak of the math it uses x e_math), bytes / (memory bandwidth x e_mem), t_launch)
+
+- **The math it uses** is what PyTorch picks by default: in fp32, convolutions run on TF32 tensor
+  cores from Ampere on (`torch.backends.cudnn.allow_tf32` defaults to True) while matmuls and
+  attention stay on FP32 CUDA cores (`torch.backends.cuda.matmul.allow_tf32` defaults to False);
+  under fp16/bf16 autocast both run on FP16/BF16 tensor cores (cc >= 7.0; bf16 from 8.0) with
+  FP32 accumulation (the datasheet rate a GeForce card halves); everything else (normalisation,
+  activations, adds, casts, gradient accumulation) is bandwidth-bound.  Low precision moves a
+  fitted fraction of fp32's per-sample bytes; weights are read at fp32 and cast.  Math runs at a
+  sustained clock between the datasheet's base and boost clocks.
+- **Efficiencies** are five constants, `EFFICIENCY`, fitted on the published rows of six GPUs and
+  validated on the other GPUs' rows (README, "What-if on GPUs you don't own"); `t_launch` is a floor
+  per operator: eager PyTorch cannot issue kernels faster than its dispatcher.
+
+Nothing here imports torch: it is the simulation side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hetsim.hardware.cluster import Device
+
+
+@dataclass(frozen=True, slots=True)
+class OpCost:
+    """One operator of one pass: `kind` is 'conv', 'matmul', 'attn' (math units) or 'mem' (bandwidth).
+    FLOPs scale with the micro-batch; bytes are a fixed part (weights) plus a per-sample part."""
+
+    kind: str
+    flops_per_sample: float
+    bytes_fixed: float
+    bytes_per_sample: float
+
+
+@dataclass(frozen=True, slots=True)
+class BlockShapes:
+    """A block's operators per pass, its parameters and what it keeps for backward (fp32)."""
+
+    name: str
+    fwd: tuple[OpCost, ...]
+    bwd: tuple[OpCost, ...]
+    param_count: int
+    param_bytes: int
+    buffer_bytes: int
+    param_numels: tuple[int, ...]
+    saved_bytes_per_sample: float
+    saved_bytes_fixed: float
+    out_bytes_per_sample: int
+
+    def flops(self, mb: float) -> float:
+        return sum(o.flops_per_sample for o in self.fwd + self.bwd) * mb
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShapes:
+    model: str
+    blocks: tuple[BlockShapes, ...]
+    input_bytes_per_sample: int
+    whole_saved_per_sample: float = 0.0
+    """Distinct bytes the whole model saves for backward per sample (adjacent blocks share a tensor)."""
+    fingerprint: dict[str, str] = field(default_factory=dict)
+    """What the trace is valid for (model spec, torch version, tracer format) when kept on disk."""
+
+    @property
+    def param_tensors(self) -> int:
+        return sum(len(b.param_numels) for b in self.blocks)
+
+
+@dataclass(frozen=True, slots=True)
+class Efficiency:
+    """Fractions of datasheet peaks that eager PyTorch training sustains, and per-kernel floors."""
+
+    tensor: float
+    """Of the TF32/FP16/BF16 tensor-core rate (convolutions and matmuls)."""
+    simt: float
+    """Of the FP32 CUDA-core rate."""
+    mem: float
+    """Of the DRAM bandwidth (STREAM-like kernels reach 80-90 %; multi-pass kernels such as BatchNorm's
+    read their input more than once, which this fraction absorbs)."""
+    low_bytes: float = 0.6
+    """Per-sample bytes under fp16/bf16 autocast as a fraction of fp32's: activations halve, but
+    normalisation statistics, softmax, the loss and master gradients stay fp32 and autocast adds casts."""
+    clock: float = 0.0
+    """Where between base (0) and boost (1) clock the math runs under sustained load.  The base clock
+    is what a GPU guarantees at its power limit under heavy load (the A10's 885 of 1695 MHz at 150 W);
+    the fit puts sustained training there."""
+    launch_s: float = 30e-6
+    """Least time per aten operator: eager PyTorch's dispatch (with autograd) on the host.  The H200
+    profile in results/gpu/h200 shows 31 us per forward and 42 us per backward operator as the
+    batch-independent part of resnet50's block times; hidden at large batches on any GPU."""
+    opt_tensor_s: float = 30e-6
+    """Per parameter tensor of the single-tensor (foreach=False) Adam/AdamW step: about ten kernels
+    each (the H200 profile in results/gpu/h200 measured 0.25 ms + 0.41 ns/parameter for
+    resnet50's 161 tensors, about 65 us a tensor with its Python; half of it on faster hosts)."""
+
+
+EFFICIENCY = Efficiency(tensor=0.6, simt=0.8, mem=0.7, low_bytes=0.8, clock=0.0)
+"""Fitted (grid search, `python -m hetsim.reporting.whatif --fit`) on the published rows of six GPUs
+(`hetsim.reporting.whatif.FIT_GPUS`), validated on the other GPUs' rows; see README."""
+
+
+def math_rate(dev: Device, kind: str, precision: str, matmul_tf32: bool = False) -> tuple[float, str]:
+    """(peak FLOP/s, 'tensor' or 'simt') of the math PyTorch uses for this operator kind."""
+    if precision == "fp32":
+        tf32_ok = dev.peak_tf32_flops > 0 and (kind == "conv" or (matmul_tf32 and kind == "matmul"))
+        return (dev.peak_tf32_flops, "tensor") if tf32_ok else (dev.peak_fp32_flops, "simt")
+    peak = dev.peak_bf16_flops if precision == "bf16" else dev.peak_fp16_flops
+    if peak > dev.peak_fp32_flops:
+        return peak, "tensor"
+    return dev.peak_fp32_flops, "simt"
+
+
+def clock_factor(dev: Device, eff: Efficiency = EFFICIENCY) -> float:
+    """Sustained over boost clock: base + `eff.clock` x (boost - base), as a fraction of boost."""
+    return dev.base_clock_ratio + eff.clock * (1.0 - dev.base_clock_ratio)
+
+
+def op_time_s(op: OpCost, mb: float, dev: Device, precision: str, eff: Efficiency = EFFICIENCY,
+              matmul_tf32: bool = False) -> float:
+    low = precision != "fp32"
+    nbytes = op.bytes_fixed + op.bytes_per_sample * mb * (eff.low_bytes if low else 1.0)
+    t_mem = nbytes / (dev.mem_bw_bps * eff.mem)
+    t_math = 0.0
+    if op.kind != "mem" and op.flops_per_sample > 0:
+        peak, unit = math_rate(dev, op.kind, precision, matmul_tf32)
+        t_math = op.flops_per_sample * mb / (peak * (eff.tensor if unit == "tensor" else eff.simt))
+        if unit == "tensor" and precision == "fp32":  # cuDNN/cuBLAS pick the faster of TF32 and FP32 kernels
+            t_math = min(t_math, op.flops_per_sample * mb / (dev.peak_fp32_flops * eff.simt))
+        t_math /= clock_factor(dev, eff)
+    return max(t_math, t_mem, eff.launch_s)
+
+
+def pass_time_s(ops: tuple[OpCost, ...], mb: float, dev: Device, precision: str, eff: Efficiency = EFFICIENCY,
+                matmul_tf32: bool = False) -> float:
+    return sum(op_time_s(o, mb, dev, precision, eff, matmul_tf32) for o in ops)
+
+
+def optimizer_fit(shapes: ModelShapes, dev: Device, optimizer: str, eff: Efficiency = EFFICIENCY) -> tuple[float, float]:
+    """(intercept s, slope s/parameter) of the optimizer step: bandwidth for the state it streams
+    (AdamW reads parameter, gradient and two moments and writes three: 28 B plus its temporaries,
+    about 44 B a parameter; SGD with momentum about 20 B) and a per-tensor cost spread over the
+    model's average tensor size."""
+    n_params = sum(b.param_count for b in shapes.blocks)
+    share = {"adam": 1.0, "adamw": 1.0, "sgd": 0.4}.get(optimizer, 0.0)  # 'fused': one multi-tensor kernel
+    per_tensor = eff.opt_tensor_s * share
+    bytes_per_param = 20.0 if optimizer == "sgd" else 44.0 if share else 28.0
+    slope = bytes_per_param / (dev.mem_bw_bps * eff.mem) + per_tensor * shapes.param_tensors / max(1, n_params)
+    return per_tensor, slope
+
+
+def step_time_s(shapes: ModelShapes, dev: Device, mb: int, precision: str, optimizer: str = "adamw",
+                eff: Efficiency = EFFICIENCY, matmul_tf32: bool = False) -> float:
+    """One single-device training step at batch mb: every block's forward and backward, then the
+    optimizer step (what a published images/s or sequences/s figure divides)."""
+    t = sum(pass_time_s(b.fwd, mb, dev, precision, eff, matmul_tf32) + pass_time_s(b.bwd, mb, dev, precision, eff,
+                                                                               matmul_tf32) for b in shapes.blocks)
+    a, b = optimizer_fit(shapes, dev, optimizer, eff)
+    return t + a + b * sum(bl.param_count for bl in shapes.blocks)
+
+
+def throughput(shapes: ModelShapes, dev: Device, mb: int, precision: str, optimizer: str = "adamw",
+               eff: Efficiency = EFFICIENCY, matmul_tf32: bool = False) -> float:
+    """Samples per second of single-device training at batch mb."""
+    return mb / step_time_s(shapes, dev, mb, precision, optimizer, eff, matmul_tf32)
+
+
+# ----------------------------------------------------------------------------- catalog profiles
+
+LOW_PRECISION_ACT = 0.5
+"""Saved activations under fp16/bf16 autocast per sample, as a fraction of fp32 (the H200 profile
+measured 43.8 MB against 85.9 MB a sample for resnet50@224), plus a 2-byte copy of every weight."""
+
+
+def catalog_profile(shapes: ModelShapes, dev: Device, precisions: tuple[str, ...], micro_batches: tuple[int, ...],
+                    fingerprint: dict[str, str], eff: Efficiency = EFFICIENCY):
+    """A `ModelProfile` for a catalog GPU, every number from the roofline and the traced shapes:
+    block times fitted over `micro_batches` per precision, saved activations, optimizer step."""
+    from hetsim.profiling.store import BlockProfile, BlockTiming, MemoryCalibration, ModelProfile
+    from hetsim.types import Fit
+
+    precs = tuple(dict.fromkeys(("fp32",) + tuple(precisions)))
+    xs = [float(m) for m in micro_batches]
+
+    def fit(ops, prec):
+        return Fit.least_squares(xs, [pass_time_s(ops, m, dev, prec, eff) for m in xs])
+
+    def act(per: float, fixed: float, params: int, prec: str) -> Fit:
+        if prec == "fp32":
+            return Fit(intercept=fixed, slope=per)
+        return Fit(intercept=fixed * LOW_PRECISION_ACT + 2 * params, slope=per * LOW_PRECISION_ACT)
+
+    blocks = tuple(BlockProfile(
+        name=b.name, param_count=b.param_count, param_bytes=b.param_bytes, buffer_bytes=b.buffer_bytes,
+        timing={p: BlockTiming(fwd_s=fit(b.fwd, p), bwd_s=fit(b.bwd, p)) for p in precs},
+        act_bytes={p: act(b.saved_bytes_per_sample, b.saved_bytes_fixed, b.param_count, p) for p in precs},
+        out_bytes_per_sample=b.out_bytes_per_sample, flops_per_sample=sum(o.flops_per_sample for o in b.fwd),
+        param_numels=b.param_numels) for b in shapes.blocks)
+    n_params = sum(b.param_count for b in shapes.blocks)
+    biggest = max((n for b in shapes.blocks for n in b.param_numels), default=0)
+    widest = max((b.out_bytes_per_sample for b in shapes.blocks), default=0)
+    # Temporaries at the backward peak, shaped after the H200 memory calibration of resnet50@224
+    # (24.5 MB + 0.9 MB a sample): a few copies of the largest gradient and one activation gradient.
+    temp = Fit(intercept=2.5 * 4 * biggest, slope=float(widest))
+    memory = MemoryCalibration(
+        saved_bytes={p: act(shapes.whole_saved_per_sample, 0.0, n_params, p) for p in precs},
+        temp_bytes={p: temp for p in precs})
+    opt = {}
+    for name in ("adamw", "adam", "sgd"):
+        a, b = optimizer_fit(shapes, dev, name, eff)
+        opt[name] = Fit(intercept=a, slope=b)
+    return ModelProfile(model=shapes.model, device_kind=dev.kind, fingerprint=fingerprint,
+                        micro_batches=tuple(micro_batches), blocks=blocks, opt_step_s=opt,
+                        input_bytes_per_sample=shapes.input_bytes_per_sample, memory=memory)

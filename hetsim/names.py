@@ -1,0 +1,23 @@
+"""Names and small rules that several stages share, importable without torch (the CLI checks its
+input against them before torch loads)."""
+
+from __future__ import annotations
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+"""'fp32'; 'bf16' and 'fp16' run under torch.autocast (fp16 with loss scaling, CUDA only)."""
+
+OPTIMIZER_STATE_PER_PARAM = {"adamw": 2, "adam": 2, "sgd": 1}
+"""Optimizer state tensors per parameter (exp_avg + exp_avg_sq; momentum buffer)."""
+OPTIMIZERS = tuple(OPTIMIZER_STATE_PER_PARAM)
+"""The optimizer names a workload accepts."""
+PROFILED_OPTIMIZERS = ("adamw", "sgd")
+"""The optimizers whose step profiling times (adam steps as adamw does: the cost model falls back to it)."""
+
+BN_MIN_SAMPLES = 2
+"""BatchNorm in training mode needs more than one value per channel: every micro-batch of a
+BatchNorm model holds at least this many samples (torch raises on one)."""
+
+
+def min_samples_per_micro_batch(has_batchnorm: bool, min_local: int = 1) -> int:
+    """Fewest samples a micro-batch may hold: the user's `--min-local-batch`, and two for BatchNorm."""
+    return max(min_local, BN_MIN_SAMPLES if has_batchnorm else 1)

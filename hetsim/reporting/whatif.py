@@ -1,0 +1,204 @@
+"""The roofline's what-if predictions against published single-GPU training throughput.
+
+`hetsim/data/published_throughput.csv` lists what others measured (sources in
+`published_sources.csv`); `validate()` predicts every row from code (a meta-device trace of the model
+and the catalog's datasheet figures) and reports each error, the median absolute error and whether
+the GPUs come out in the published order.  `python -m hetsim.reporting.whatif` prints the table;
+`--fit` repeats the grid search that chose `hetsim.model.roofline.EFFICIENCY` (rows of `FIT_GPUS` only).
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import statistics
+import sys
+from dataclasses import dataclass, replace
+from importlib import resources
+
+from hetsim.hardware.cluster import catalog_device, load_catalog
+from hetsim.model.roofline import EFFICIENCY, Efficiency, ModelShapes, clock_factor, throughput
+
+FIT_GPUS = frozenset({"quadro_rtx_8000", "v100_sxm2_16gb", "rtx_3090", "a100_sxm_80gb", "rtx_4090", "h100_pcie"})
+"""The GPUs whose published rows (both models, both precisions) fit `EFFICIENCY`; every other row
+is held out and only validates."""
+BERT_LARGE = dict(causal=False, vocab_size=30522, d_model=1024, n_layer=24, n_head=16)
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    model: str
+    gpu: str
+    published_gpu: str
+    precision: str
+    published_math: str
+    optimizer: str
+    batch: int
+    samples_per_s: float
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class Checked:
+    row: Published
+    predicted: float
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.row.samples_per_s - 1.0
+
+
+def published_rows() -> list[Published]:
+    text = resources.files("hetsim").joinpath("data/published_throughput.csv").read_text()
+    return [Published(model=r["model"], gpu=r["gpu"], published_gpu=r["published_gpu"], precision=r["precision"],
+                      published_math=r["published_math"], optimizer=r["optimizer"], batch=int(r["batch"]),
+                      samples_per_s=float(r["samples_per_s"]), source=r["source"])
+            for r in csv.DictReader(text.splitlines())]
+
+
+def bert_squad_workload(seq_len: int = 384):
+    """BERT-large for SQuAD: the GPT block structure without causal masking, with a 2-logit span head
+    in place of the vocabulary projection (what the published fine-tuning runs train)."""
+    import torch
+    from torch import nn
+
+    from hetsim.workloads.builtin import Workload
+    from hetsim.workloads.transformer import GPTConfig, gpt_blocks, token_batch
+
+    cfg = GPTConfig(seq_len=seq_len, **BERT_LARGE)
+
+    def build():
+        torch.manual_seed(0)
+        return gpt_blocks(cfg)[:-1] + [("head", nn.Sequential(nn.LayerNorm(cfg.d_model), nn.Linear(cfg.d_model, 2)))]
+
+    return Workload(name="bert-large-squad", build_blocks=build, make_batch=token_batch(cfg),
+                    spec=f"bert-large-squad@{seq_len}")
+
+
+@functools.cache
+def model_shapes(model: str) -> ModelShapes:
+    from hetsim.profiling.shapes import trace
+    from hetsim.workloads.builtin import load_workload
+
+    name, _, size = model.partition("@")
+    if name == "bert-large-squad":
+        return trace(bert_squad_workload(int(size)))
+    return trace(load_workload(name, int(size)))
+
+
+def predict(row: Published, eff: Efficiency = EFFICIENCY) -> float:
+    dev = catalog_device(load_catalog()[row.gpu], 0)
+    opt = "fused" if row.optimizer == "fused_adam" else row.optimizer
+    return throughput(model_shapes(row.model), dev, row.batch, row.precision, opt, eff,
+                      matmul_tf32=row.published_math == "tf32")
+
+
+def validate(rows: list[Published] | None = None, eff: Efficiency = EFFICIENCY) -> list[Checked]:
+    return [Checked(r, predict(r, eff)) for r in (rows if rows is not None else published_rows())]
+
+
+def median_abs_error(checked: list[Checked]) -> float:
+    return statistics.median(abs(c.error) for c in checked)
+
+
+def order_violations(checked: list[Checked], tie: float = 0.05) -> list[str]:
+    """Pairs of GPUs (same model, precision and source) whose predicted order contradicts the
+    published one; published figures within `tie` of each other are a tie and never violated."""
+    out = []
+    for a in checked:
+        for b in checked:
+            ra, rb = a.row, b.row
+            if (ra.model, ra.precision, ra.source) != (rb.model, rb.precision, rb.source) or ra.gpu >= rb.gpu:
+                continue
+            if abs(ra.samples_per_s / rb.samples_per_s - 1) <= tie:
+                continue
+            if (ra.samples_per_s > rb.samples_per_s) != (a.predicted > b.predicted):
+                out.append(f"{ra.model} {ra.precision}: {ra.gpu} vs {rb.gpu}")
+    return out
+
+
+GRID = (0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9)
+
+
+def _row_arrays(row: Published):
+    """Per operator of the row's step, at unit efficiency: (tensor-core seconds, CUDA-core seconds,
+    fixed-byte seconds, per-sample-byte seconds), and the optimizer step (what `throughput` adds)."""
+    import numpy as np
+
+    from hetsim.model.roofline import math_rate
+
+    shapes = model_shapes(row.model)
+    dev = catalog_device(load_catalog()[row.gpu], 0)
+    cols = []
+    for o in (o for b in shapes.blocks for o in b.fwd + b.bwd):
+        tens = simt = 0.0 if o.kind == "mem" or o.flops_per_sample <= 0 else float("inf")
+        if o.kind != "mem" and o.flops_per_sample > 0:
+            peak, unit = math_rate(dev, o.kind, row.precision, row.published_math == "tf32")
+            flops = o.flops_per_sample * row.batch
+            if unit == "tensor":
+                tens = flops / peak
+                simt = flops / dev.peak_fp32_flops if row.precision == "fp32" else float("inf")
+            else:
+                simt = flops / peak
+        cols.append((tens, simt, o.bytes_fixed / dev.mem_bw_bps, o.bytes_per_sample * row.batch / dev.mem_bw_bps))
+    opt = "fused" if row.optimizer == "fused_adam" else row.optimizer
+    return np.array(cols), (opt, shapes, dev)
+
+
+def fit(rows: list[Published], grid=GRID, lows=(0.5, 0.6, 0.7, 0.8), clocks=(0.0, 0.25, 0.5, 0.75, 1.0)) -> Efficiency:
+    """The (tensor, simt, mem, low_bytes) efficiencies on the grid with the least median absolute error
+    over rows: the same sums as `hetsim.model.roofline.throughput`, vectorised per row."""
+    import itertools
+
+    import numpy as np
+
+    from hetsim.model.roofline import optimizer_fit
+
+    arrays = [_row_arrays(r) for r in rows]
+    pub = np.array([r.samples_per_s for r in rows])
+    best = None
+    for t, s, m, low, clk in itertools.product(grid, grid, grid, lows, clocks):
+        eff = replace(EFFICIENCY, tensor=t, simt=s, mem=m, low_bytes=low, clock=clk)
+        pred = []
+        for r, (a, (opt, shapes, dev)) in zip(rows, arrays, strict=True):
+            tb = (a[:, 2] + a[:, 3] * (low if r.precision != "fp32" else 1.0)) / m
+            tm = np.minimum(a[:, 0] / t, a[:, 1] / s) / clock_factor(dev, eff)
+            ia, sl = optimizer_fit(shapes, dev, opt, eff)
+            step = np.maximum(np.maximum(tm, tb), eff.launch_s).sum() + ia + sl * sum(b.param_count for b in shapes.blocks)
+            pred.append(r.batch / step)
+        err = float(np.median(np.abs(np.array(pred) / pub - 1)))
+        if best is None or err < best[0]:
+            best = (err, eff)
+    return best[1]
+
+
+def table(checked: list[Checked]) -> str:
+    lines = ["| model | GPU | precision | batch | published | predicted | error | source |", "|---|---|---|---|---|---|---|---|"]
+    for c in checked:
+        r = c.row
+        lines.append(f"| {r.model} | {r.gpu} | {r.precision} | {r.batch} | {r.samples_per_s:g} | {c.predicted:.0f} | "
+                     f"{c.error:+.0%} | {r.source} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    rows = published_rows()
+    eff = EFFICIENCY
+    if "--fit" in argv:
+        eff = fit([r for r in rows if r.gpu in FIT_GPUS])
+        print(f"fitted on the rows of {sorted(FIT_GPUS)}: {eff}")
+    checked = validate(rows, eff)
+    print(table(checked))
+    for label, part in (("all", checked), ("resnet50", [c for c in checked if c.row.model.startswith("resnet50")]),
+                        ("bert", [c for c in checked if c.row.model.startswith("bert")]),
+                        ("fit GPUs", [c for c in checked if c.row.gpu in FIT_GPUS]),
+                        ("held-out GPUs", [c for c in checked if c.row.gpu not in FIT_GPUS])):
+        print(f"{label}: median |error| {median_abs_error(part):.1%} over {len(part)} rows; "
+              f"order violations {len(order_violations(part))}")
+    for v in order_violations(checked):
+        print("  order:", v)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,271 @@
+"""Cut points of a plain nn.Module: split it into a chain of blocks that each take one tensor.
+
+The rule: trace the module's forward with torch.fx, keeping the longest run of repeated child
+blocks (a ModuleList or nn.Sequential of modules of one class; else the top-level children) as
+single calls.  A cut may go before each such call and after the last one, and is kept only where
+exactly one value flows across it (a residual or a second input that jumps over the cut forbids
+it).  Blocks that share a parameter (tied weights) are merged, with everything between them, so
+tied parameters stay on one stage.  The chain is checked against the module's own output on an
+example batch; whatever cannot be split this way runs as one block (data parallel and ZeRO only),
+with a note saying which module and why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import fx, nn
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Split:
+    blocks: tuple[tuple[str, nn.Module], ...]
+    notes: tuple[str, ...] = ()
+
+
+def repeated_run(module: nn.Module) -> tuple[str, list[str]]:
+    """(container path, its child paths) of the longest run of children of one class, or the
+    top-level children ('' , [...]) when no container holds two modules of one class."""
+    best: tuple[str, list[str]] = ("", [n for n, _ in module.named_children()])
+    best_len = 1
+    for path, mod in module.named_modules():
+        if not isinstance(mod, (nn.ModuleList, nn.Sequential)):
+            continue
+        kids = list(mod.named_children())
+        if len(kids) < 2 or len({type(k) for _, k in kids}) != 1 or len(kids) <= best_len:
+            continue
+        best, best_len = (path, [f"{path}.{n}" if path else n for n, _ in kids]), len(kids)
+    return best
+
+
+class _Tracer(fx.Tracer):
+    def __init__(self, leaves: set[str]):
+        super().__init__()
+        self.leaves = leaves
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return qualname in self.leaves or super().is_leaf_module(m, qualname)
+
+
+def _valid_cuts(root: nn.Module, graph: fx.Graph, anchors: set[str]) -> tuple[list[fx.Node], list[int], list[int]]:
+    """The graph's compute nodes, candidate cut positions (before each anchor call, after the
+    last one), and those where exactly one value (not a parameter read) is live."""
+    nodes = [n for n in graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
+    pos = {n: i for i, n in enumerate(nodes)}
+    anchor_idx = [i for i, n in enumerate(nodes) if n.op == "call_module" and n.target in anchors]
+    if not anchor_idx:
+        return nodes, [], []
+    cands = sorted(set(anchor_idx[1:] + [anchor_idx[0]] * (anchor_idx[0] > 0) + [anchor_idx[-1] + 1]))
+    # A stage may not start with an in-place op (autograd refuses to modify its input leaf in place).
+    cands = [c for c in cands if 0 < c < len(nodes) and not _inplace(root, nodes[c])]
+    last_use = {}
+    for n in graph.nodes:
+        for user in n.users:
+            last_use[n] = max(last_use.get(n, -1), pos.get(user, len(nodes)))
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    valid = []
+    for c in cands:
+        live = [n for n in nodes[:c] if last_use.get(n, -1) >= c]
+        live += [p for p in placeholders if last_use.get(p, -1) >= c]
+        if len(live) == 1 and live[0].op != "placeholder":
+            valid.append(c)
+    return nodes, cands, valid
+
+
+def _inplace(root: nn.Module, node: fx.Node) -> bool:
+    if node.op == "call_module":
+        return bool(getattr(root.get_submodule(node.target), "inplace", False))
+    return node.op == "call_method" and str(node.target).endswith("_") or bool(node.kwargs.get("inplace"))
+
+
+def _segment(root: nn.Module, graph: fx.Graph, nodes: list[fx.Node], lo: int, hi: int) -> fx.GraphModule:
+    """Nodes[lo:hi] as a module of one input (the value flowing in) and one output."""
+    seg = set(nodes[lo:hi])
+    g = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    inputs = [a for n in nodes[lo:hi] for a in n.all_input_nodes if a not in seg and a.op != "get_attr"]
+    x = g.placeholder("x")
+    for a in inputs:
+        env[a] = x
+    for n in nodes[lo:hi]:
+        for a in n.all_input_nodes:
+            if a.op == "get_attr" and a not in env:
+                env[a] = g.node_copy(a, lambda m: env[m])
+        env[n] = g.node_copy(n, lambda m: env[m])
+    out = nodes[hi - 1] if hi < len(nodes) else next(n for n in graph.nodes if n.op == "output").args[0]
+    if isinstance(out, fx.Node):  # a stage that hands on a view breaks the zero-bubble pipeline schedules
+        g.output(g.call_function(own_storage, (env[out],)))
+    else:
+        g.output(env[out] if isinstance(out, fx.Node) else fx.map_arg(out, lambda m: env[m]))
+    return fx.GraphModule(root, g)
+
+
+@fx.wrap
+def own_storage(t: torch.Tensor) -> torch.Tensor:
+    """`t`, copied when it is a view of another tensor (torch's zero-bubble schedules refuse a
+    stage output that is a view); a tensor that owns its storage passes unchanged."""
+    return t.clone() if isinstance(t, torch.Tensor) and t._is_view() else t
+
+
+def _merge_tied(bounds: list[int], blocks: list[fx.GraphModule]) -> list[int]:
+    """Drop the cuts between blocks that share a parameter (and every block between them)."""
+    owner: dict[int, int] = {}
+    drop: set[int] = set()
+    for k, b in enumerate(blocks):
+        for p in b.parameters():
+            first = owner.setdefault(id(p), k)
+            drop.update(range(first + 1, k + 1))  # the cut before block j is bounds[j]
+    return [b for j, b in enumerate(bounds) if j not in drop]
+
+
+def split_module(module: nn.Module, example: torch.Tensor, name: str) -> Split:
+    """Blocks of `module` for one input tensor `example` (see the module docstring)."""
+    whole = Split(blocks=((name, module),))
+    if isinstance(module, nn.Sequential) and repeated_run(module)[0] == "":
+        leaves = {n for n, _ in module.named_children()}
+    else:
+        leaves = set(repeated_run(module)[1])
+    try:
+        graph = _Tracer(leaves).trace(module, concrete_args=_defaults(module))
+    except Exception as e:  # any Python fx cannot follow (data-dependent control flow, *args)
+        return _fallback(whole, name, f"torch.fx cannot trace its forward ({type(e).__name__}: {_short(e)})")
+    _drop_guards(graph)
+    if sum(n.op == "placeholder" for n in graph.nodes) != 1:
+        return _fallback(whole, name, "its forward takes more than one input")
+    nodes, cands, valid = _valid_cuts(module, graph, leaves)
+    if not valid:
+        why = ("no repeated child blocks or children to cut between" if not cands else
+               "every cut between its child blocks is crossed by more than one value (a skip connection or "
+               "a second input jumps over it)")
+        return _fallback(whole, name, why)
+    bounds = [0] + valid + [len(nodes)]
+    for _ in range(len(bounds)):  # merging can make new shared parameters adjacent: repeat until stable
+        segs = [_segment(module, graph, nodes, a, b) for a, b in zip(bounds, bounds[1:])]
+        merged = _merge_tied(bounds, segs)
+        if merged == bounds:
+            break
+        bounds = merged
+    notes = []
+    if len(segs) == 1:
+        return _fallback(whole, name, "parameters shared by its first and last parts (tied weights) would be "
+                                      "cut apart by every split", "to pipeline it, untie them (give the output "
+                                      "projection its own weight)")
+    if len(bounds) - 1 < len(valid) + 1:
+        notes.append(f"{name}: blocks sharing parameters (tied weights) were kept on one stage")
+    problem = _check_chain(module, segs, example)
+    if problem:
+        return _fallback(whole, name, problem)
+    return Split(blocks=tuple((_block_name(seg, k), seg) for k, seg in enumerate(segs)), notes=tuple(notes))
+
+
+def _drop_guards(graph: fx.Graph) -> None:
+    """Remove the arguments fixed at their defaults: fx keeps them as placeholders checked by guards."""
+    def guard(n: fx.Node) -> bool:  # n only feeds checks (`x == default`, then an assert)
+        if n.op == "call_function" and "assert" in getattr(n.target, "__name__", ""):
+            return True
+        return n.op == "call_function" and bool(n.users) and all(guard(u) for u in n.users)
+
+    for ph in [n for n in graph.nodes if n.op == "placeholder"][1:]:
+        if all(guard(u) for u in ph.users):
+            doomed = [n for n in graph.nodes if n is ph or _feeds_only(n, ph, guard)]
+            for n in reversed(doomed):
+                graph.erase_node(n)
+
+
+def _feeds_only(n: fx.Node, ph: fx.Node, guard) -> bool:
+    return guard(n) and all(a is ph or _feeds_only(a, ph, guard) for a in n.all_input_nodes)
+
+
+def _defaults(module: nn.Module) -> dict[str, object]:
+    """Arguments after the first that have defaults (masks, flags): fixed at their defaults."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return {}
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def _block_name(seg: fx.GraphModule, k: int) -> str:
+    calls = [n.target for n in seg.graph.nodes if n.op == "call_module"]
+    label = calls[0].replace(".", "_") if len(calls) == 1 else f"part{k}"
+    return f"{k}_{label}"
+
+
+def _check_chain(module: nn.Module, segs: list[fx.GraphModule], example: torch.Tensor) -> str | None:
+    """None when the chain computes what the module does, else why not.  Both run in training mode
+    from one random state (dropout draws alike); buffers (BatchNorm statistics) are restored after."""
+    saved = [(b, b.detach().clone()) for b in module.buffers()]
+    try:
+        return _compare(module, segs, example)
+    finally:
+        with torch.no_grad():
+            for b, v in saved:
+                b.copy_(v)
+
+
+def _compare(module: nn.Module, segs: list[fx.GraphModule], example: torch.Tensor) -> str | None:
+    with torch.no_grad(), torch.random.fork_rng():
+        try:
+            torch.manual_seed(0)
+            ref = module(example)
+            torch.manual_seed(0)
+            h = example
+            for k, seg in enumerate(segs):
+                h = seg(h)
+                if k < len(segs) - 1 and not isinstance(h, torch.Tensor):
+                    return f"block {k} returns {type(h).__name__}, not one tensor"
+        except Exception as e:
+            return f"its split blocks fail on the example batch ({type(e).__name__}: {_short(e)})"
+    same = torch.utils._pytree.tree_flatten(ref)[0], torch.utils._pytree.tree_flatten(h)[0]
+    if len(same[0]) != len(same[1]) or not all(
+            torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(*same) if isinstance(a, torch.Tensor)):
+        return "its split blocks compute something other than its forward (state or in-place work across blocks)"
+    return None
+
+
+FIX = ("to pipeline it, give it a forward that is a chain of child modules each taking and returning one tensor "
+       "(an nn.Sequential, or a ModuleList of layers looped over), or return a hetsim Workload with your own blocks")
+
+
+def _fallback(whole: Split, name: str, why: str, fix: str = FIX) -> Split:
+    return Split(blocks=whole.blocks, notes=(
+        f"{name} runs as one block (data parallel and ZeRO plans only, no pipeline): {why}; {fix}",))
+
+
+def _short(e: Exception) -> str:
+    return " ".join(str(e).split())[:160]
+
+
+def merge_tied_blocks(blocks: list[tuple[str, nn.Module]], name: str) -> tuple[list[tuple[str, nn.Module]], list[str]]:
+    """Blocks that share a parameter (tied weights), with every block between them, become one
+    nn.Sequential block: a pipeline stage then holds the tied parameter once."""
+    owner: dict[int, int] = {}
+    joined = list(range(len(blocks)))  # joined[k]: the first block of k's group
+    for k, (_, b) in enumerate(blocks):
+        for p in b.parameters():
+            first = owner.setdefault(id(p), k)
+            for j in range(first + 1, k + 1):
+                joined[j] = joined[first]
+    if joined == list(range(len(blocks))):
+        return blocks, []
+    out: list[tuple[str, nn.Module]] = []
+    groups: dict[int, list[int]] = {}
+    for k, g in enumerate(joined):
+        groups.setdefault(g, []).append(k)
+    for _, ks in sorted(groups.items()):
+        if len(ks) == 1:
+            out.append(blocks[ks[0]])
+        else:
+            seq = nn.Sequential()
+            for k in ks:
+                seq.add_module(blocks[k][0], blocks[k][1])
+            out.append((f"{blocks[ks[0]][0]}-{blocks[ks[-1]][0]}", seq))
+    tied = [f"{blocks[gs[0]][0]}..{blocks[gs[-1]][0]}" for gs in groups.values() if len(gs) > 1]
+    note = (f"{name}: blocks {', '.join(tied)} share parameters (tied weights) and stay on one stage, "
+            f"leaving {len(out)} blocks to cut between" + ("" if len(out) > 1 else
+                                                        " (no pipeline plans; untie them, e.g. hf:...?tie=0)"))
+    return out, [note]

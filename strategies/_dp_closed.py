@@ -1,0 +1,150 @@
+"""The data-parallel step (ddp, ZeRO-1) in closed form: what `data_parallel_graph` + `run_steady` give.
+
+The event simulation of a data-parallel step is a short recurrence, so the search need not build and
+run its task graph.  Each device runs its micro-steps' forward and backward tasks back to back with
+no dependency on another device; one shared channel all-reduces the gradient buckets in order, each
+once every device has finished the last backward of the bucket's lowest block; each device then
+steps its optimizer after its own compute and the whole channel.  Two steps in a row (`run_steady`)
+repeat that from each device's end of step 1.  Per device, only the time at which each bucket becomes
+ready and the total compute depend on the plan; they are memoized in the cost model per (device,
+local batch, accumulation, precision, checkpointing), so a plan costs O(devices x buckets).
+
+`tests/unit/test_closed_form.py` checks it against the event simulator on every family's plans
+(relative 1e-9: only the order of float additions differs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from operator import add
+from typing import TYPE_CHECKING
+
+from hetsim.model.batchsplit import split_evenly
+from hetsim.model.simulator import StepTiming
+
+if TYPE_CHECKING:
+    from hetsim.model.costmodel import CostModel
+
+BUCKET_CAP_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
+FIRST_BUCKET_BYTES = 1 * 2**20  # DDP's first (smallest) bucket
+
+
+def buckets(cost: CostModel) -> list[tuple[int, int]]:
+    """DDP gradient buckets as (lowest block, bytes), in the order they become ready (last block first)."""
+    out: list[tuple[int, int]] = []
+    cap, size, low = FIRST_BUCKET_BYTES, 0, None
+    for k in reversed(range(cost.facts.n_blocks)):
+        pb = cost.param_bytes(k, k + 1)
+        if pb == 0:
+            continue
+        size += pb
+        low = k
+        if size >= cap:
+            out.append((low, size))
+            cap, size, low = BUCKET_CAP_BYTES, 0, None
+    if size:
+        out.append((low, size))  # type: ignore[arg-type]
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _DeviceStep:
+    """One device's compute in a data-parallel step, from its own start (time 0)."""
+
+    ready_s: tuple[float, ...]
+    """When the device's last backward of each bucket's lowest block ends (bucket order)."""
+    compute_s: float
+    """End of its last backward task (all forward, backward and recompute)."""
+    fwd_s: float
+    bwd_s: float
+
+
+def _device_step(cost: CostModel, d: int, local: int, accum: int, precision: str, ckpt: int,
+                 lows: tuple[int, ...]) -> _DeviceStep:
+    """The task durations `data_parallel_graph` gives device d, added in its program order."""
+    n = cost.facts.n_blocks
+    t = f_sum = b_sum = 0.0
+    done: dict[int, float] = {}
+    micro = split_evenly(local, accum)
+    for j, m in enumerate(micro):
+        f = max(0.0, float(cost.fwd_s(d, 0, n, m, precision) + cost.overhead_s(d, m)))
+        t += f
+        f_sum += f
+        last = j == len(micro) - 1
+        for k in reversed(range(n)):
+            b = max(0.0, float(cost.bwd_s(d, k, k + 1, m, precision) + cost.recompute_s(d, k, k + 1, m, precision, ckpt)))
+            t += b
+            b_sum += b
+            if last:
+                done[k] = t
+    return _DeviceStep(ready_s=tuple(done[k] for k in lows), compute_s=t, fwd_s=f_sum, bwd_s=b_sum)
+
+
+def _comm_plan(cost: CostModel, devices: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[float, ...], float]:
+    """(lowest block of each bucket, each bucket's all-reduce time, calibrated sync time) on this group."""
+    bs = buckets(cost)
+    lows = tuple(low for low, _ in bs)
+    times = tuple(max(0.0, float(cost.allreduce_s(nbytes, devices))) for _, nbytes in bs)
+    sync = cost.sync_residual_s(devices) if bs else 0.0
+    return lows, times, max(0.0, float(sync)) if sync else 0.0
+
+
+def data_parallel_timing(cost: CostModel, devices: tuple[int, ...], local_batch: tuple[int, ...], accum: int,
+                         precision: str, ckpt: int, opt_params: tuple[float, ...],
+                         broadcast_bytes: float | None = None) -> StepTiming:
+    """The steady step of `data_parallel_graph` (then ZeRO-1's parameter broadcast of
+    `broadcast_bytes` after every optimizer step, when given), as `run_steady` times it."""
+    comm = cost.memo_table("dp_comm")
+    found = comm.get(devices)
+    if found is None:
+        found = comm[devices] = _comm_plan(cost, devices)
+    lows, ar, sync = found
+    table = cost.memo_table("dp_device")
+    steps = []
+    for d, b in zip(devices, local_batch):
+        key = (d, b, accum, precision, ckpt)
+        st = table.get(key)
+        if st is None:
+            st = table[key] = _device_step(cost, d, b, accum, precision, ckpt, lows)
+        steps.append(st)
+    opt_table = cost.memo_table("dp_opt")
+    opts = opt_table.get((devices, opt_params))
+    if opts is None:
+        opts = opt_table[(devices, opt_params)] = [max(0.0, float(cost.opt_s(d, p))) for d, p in zip(devices, opt_params)]
+    bcast = None if broadcast_bytes is None else max(0.0, float(cost.allgather_s(broadcast_bytes, devices)))
+    ready = list(zip(*[st.ready_s for st in steps]))  # per bucket: each device's time, from its start
+    compute = [st.compute_s for st in steps]
+
+    # Step 1: every device starts at 0.
+    t = 0.0
+    for r, dur in zip(ready, ar):
+        t = max(t, max(r)) + dur
+    if ar and sync:
+        t += sync
+    # Each optimizer step waits for its own compute and for every collective (no collective: no wait).
+    ends1 = [max(c, t) + o for c, o in zip(compute, opts)] if ar else list(map(add, compute, opts))
+    if bcast is not None:
+        t = max(t, max(ends1)) + bcast
+    comm1 = t
+    makespan1 = max(max(ends1), comm1)
+    # Step 2: each resource goes on from where it left step 1; ZeRO-1's broadcast ends step 1 for every rank.
+    starts = [max(e, comm1) for e in ends1] if bcast is not None else ends1
+    for r, dur in zip(ready, ar):
+        t = max(t, max(map(add, starts, r))) + dur
+    if ar and sync:
+        t += sync
+    compute2 = list(map(add, starts, compute))
+    ends2 = [max(c, t) + o for c, o in zip(compute2, opts)] if ar else list(map(add, compute2, opts))
+    if bcast is not None:
+        t = max(t, max(ends2)) + bcast
+    period = max(0.0, max(max(ends2), t) - makespan1)
+
+    breakdown = {"F": sum([st.fwd_s for st in steps]), "B": sum([st.bwd_s for st in steps])}
+    if ar:
+        breakdown["allreduce"] = sum(ar)
+        if sync:
+            breakdown["sync"] = sync
+    breakdown["opt"] = sum(opts)
+    if bcast is not None:
+        breakdown["allgather"] = bcast
+    return StepTiming(period_s=period, busy_s=tuple(map(add, compute, opts)), breakdown_s=breakdown)

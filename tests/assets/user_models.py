@@ -1,0 +1,112 @@
+"""Plain nn.Modules of kinds hetsim has no built-in for, each returned the way a user would write it
+(for `--model user_models:NAME` with this folder on PYTHONPATH, and for the cut-point unit tests)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from hetsim.workloads import UserModel
+
+
+class ListMLP(nn.Module):
+    """An MLP whose hidden layers live in a ModuleList, looped over in forward."""
+
+    def __init__(self, d_in: int = 24, width: int = 48, depth: int = 5, classes: int = 7):
+        super().__init__()
+        self.inp = nn.Linear(d_in, width)
+        self.hidden = nn.ModuleList(nn.Sequential(nn.Linear(width, width), nn.Tanh()) for _ in range(depth))
+        self.out = nn.Linear(width, classes)
+
+    def forward(self, x):
+        x = F.relu(self.inp(x))
+        for layer in self.hidden:
+            x = layer(x)
+        return self.out(x)
+
+
+def list_mlp():
+    def make(n, seed):
+        g = torch.Generator().manual_seed(seed)
+        return torch.randn(n, 24, generator=g), torch.randint(0, 7, (n,), generator=g)
+
+    return UserModel(module=ListMLP(), make_batch=make, loss=nn.CrossEntropyLoss())
+
+
+class TiedLM(nn.Module):
+    """A small pre-norm transformer LM whose output projection is its token embedding (tied)."""
+
+    def __init__(self, vocab: int = 97, d: int = 32, layers: int = 3, seq: int = 12):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.pos = nn.Parameter(torch.zeros(1, seq, d))
+        self.layers = nn.ModuleList(nn.TransformerEncoderLayer(d, 4, 2 * d, dropout=0.0, batch_first=True,
+                                                               norm_first=True) for _ in range(layers))
+        self.norm = nn.LayerNorm(d)
+
+    def forward(self, ids):
+        h = self.emb(ids) + self.pos
+        for layer in self.layers:
+            h = layer(h)
+        return self.norm(h) @ self.emb.weight.t()
+
+
+def tied_lm():
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 97, (16, 13), generator=g)
+    return UserModel(module=TiedLM(), example_batch=(ids[:, :-1], ids[:, 1:]),
+                     loss=lambda logits, y: F.cross_entropy(logits.flatten(0, 1), y.flatten()))
+
+
+def seq_cnn():
+    """A CNN written as one nn.Sequential, returned as a tuple (module, batch maker, loss)."""
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
+                        nn.MaxPool2d(2), nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                        nn.Flatten(), nn.Linear(16, 5))
+
+    def make(n, seed):
+        g = torch.Generator().manual_seed(seed)
+        return torch.randn(n, 3, 16, 16, generator=g), torch.randint(0, 5, (n,), generator=g)
+
+    return net, make, nn.CrossEntropyLoss()
+
+
+class SkipNet(nn.Module):
+    """A forward that is not a chain: the input itself jumps over every block to the head."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Linear(10, 32)
+        self.blocks = nn.ModuleList(nn.Linear(32, 32) for _ in range(3))
+        self.head = nn.Linear(42, 3)
+
+    def forward(self, x):
+        s = self.stem(x)
+        h = s
+        for b in self.blocks:
+            h = torch.relu(b(h))
+        return self.head(torch.cat([h, x], dim=1))
+
+
+def skip_net():
+    """A plain module with its batch and loss as attributes of the function."""
+    return SkipNet()
+
+
+skip_net.example_batch = (torch.randn(8, 10, generator=torch.Generator().manual_seed(1)),
+                          torch.arange(8) % 3)
+skip_net.loss = nn.CrossEntropyLoss()
+
+
+def bad_shapes():
+    return UserModel(module=ListMLP(), make_batch=lambda n, seed: (torch.randn(n + 1, 24), torch.zeros(n, dtype=torch.long)))
+
+
+def bad_loss():
+    return UserModel(module=ListMLP(), make_batch=lambda n, seed: (torch.randn(n, 24), torch.zeros(n, dtype=torch.long)),
+                     loss=lambda out, y: F.cross_entropy(out, y, reduction="none"))
+
+
+def broken():
+    raise RuntimeError("this model fails to build")

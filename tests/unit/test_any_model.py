@@ -1,0 +1,170 @@
+"""Workloads of any model: gpt/bert/vit presets, a user's plain modules split at their cut points,
+and the rules a user's model must follow (no live runs: forward and backward in this process)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from hetsim.errors import ConfigError, UnknownNameError
+from hetsim.workloads import load_workload, workload_from_spec
+from hetsim.workloads.cutpoints import merge_tied_blocks, split_module
+from hetsim.workloads.transformer import IGNORE, gpt_workload
+
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+
+
+@pytest.fixture(autouse=True)
+def _assets_on_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(ASSETS))
+    yield
+    sys.modules.pop("user_models", None)
+
+
+def _full_vs_blocks(wl, n=4):
+    """The chain of blocks computes the same loss and gradient as a freshly built model."""
+    x, y = wl.make_batch(n, 3)
+    a, b = wl.model(), wl.model()
+    la = wl.loss_sum(a(x), y)
+    h = x
+    for blk in b.children():
+        h = blk(h)
+    lb = wl.loss_sum(h, y)
+    la.backward()
+    lb.backward()
+    assert torch.allclose(la, lb)
+    for (na, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
+        assert torch.allclose(pa.grad, pb.grad, atol=1e-6), na
+    return float(la)
+
+
+@pytest.mark.parametrize("spec", ["gpt@tiny@16", "bert@tiny@16", "vit@tiny@32"])
+def test_builtin_transformers_roundtrip_their_spec(spec):
+    wl = workload_from_spec(spec)
+    assert wl.spec == spec
+    assert workload_from_spec(wl.spec).block_names() == wl.block_names()
+    assert wl.block_names()[0] == "embed" and wl.block_names()[-1] == "head"
+    assert _full_vs_blocks(wl) > 0
+
+
+def test_sequence_length_is_part_of_the_spec_and_batches():
+    wl = load_workload("gpt", size="tiny", seq_len=24)
+    assert wl.spec == "gpt@tiny@24" and wl.tokens_per_sample == 24
+    x, y = wl.make_batch(3, 0)
+    assert x.shape == y.shape == (3, 24)
+    assert torch.equal(x[:, 1:], y[:, :-1])  # next-token targets
+    assert load_workload("gpt").spec == "gpt@tiny@64"  # the preset's own length
+
+
+def test_gpt_keeps_the_module_names_tensor_parallelism_shards():
+    names = {n for n, _ in gpt_workload("tiny", 8).model().named_modules()}
+    assert {"layer0.attn.qkv", "layer0.attn.proj", "layer0.mlp.fc", "layer0.mlp.proj"} <= names
+
+
+def test_bert_masks_deterministically_and_only_masked_positions_count():
+    wl = load_workload("bert", size="tiny", seq_len=32)
+    x1, y1 = wl.make_batch(5, 7)
+    x2, y2 = wl.make_batch(5, 7)
+    assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    masked = y1 != IGNORE
+    assert masked.any(dim=1).all()  # every sample has a masked position
+    assert (x1[masked] == 2047).all() and (x1[~masked] != 2047).all()
+    logits = torch.randn(5, 32, 2048)
+    changed = logits.clone()
+    changed[~masked] = 0.0  # logits at unmasked positions do not change the loss
+    assert torch.allclose(wl.loss_sum(logits, y1), wl.loss_sum(changed, y1))
+
+
+def test_bad_sizes_fail_with_the_rule():
+    with pytest.raises(UnknownNameError, match="huge"):
+        load_workload("gpt", size="huge")
+    with pytest.raises(ConfigError, match="--seq-len 1"):
+        load_workload("gpt", seq_len=1)
+    with pytest.raises(ConfigError, match="patch size"):
+        load_workload("vit", image_size=30)
+
+
+@pytest.mark.parametrize("fn, blocks", [("list_mlp", 7), ("seq_cnn", None), ("tied_lm", 1), ("skip_net", 1)])
+def test_user_models_are_split_and_compute_what_they_did(fn, blocks):
+    wl = load_workload(f"user_models:{fn}")
+    if blocks is not None:
+        assert len(wl.block_names()) == blocks
+    else:
+        assert len(wl.block_names()) > 2
+    if blocks == 1:
+        assert wl.notes and "one block" in wl.notes[0]
+    _full_vs_blocks(wl)
+
+
+def test_user_model_loss_is_the_batch_mean_times_the_batch():
+    wl = load_workload("user_models:list_mlp")
+    model = wl.model()
+    x, y = wl.make_batch(6, 1)
+    assert torch.allclose(wl.loss_sum(model(x), y), nn.functional.cross_entropy(model(x), y) * 6)
+
+
+def test_split_keeps_tied_parameters_on_one_block():
+    emb = nn.Embedding(10, 4)
+    head = nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight
+    blocks = [("a", emb), ("b", nn.Linear(4, 4)), ("c", nn.Linear(4, 4)), ("d", head), ("e", nn.Identity())]
+    merged, notes = merge_tied_blocks(blocks, "m")
+    assert [n for n, _ in merged] == ["a-d", "e"] and notes
+
+
+def test_split_refuses_cuts_a_residual_jumps_over():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Linear(4, 4)
+            self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(4))
+
+        def forward(self, x):
+            s = self.stem(x)
+            h = s
+            for i, layer in enumerate(self.layers):
+                h = layer(h) + (s if i == 1 else 0)  # s is live until layer 1: no cut before layers 0, 1
+            return h
+
+    split = split_module(Net(), torch.randn(2, 4), "net")
+    calls = [[n.target for n in b.graph.nodes if n.op == "call_module"] for _, b in split.blocks]
+    assert ["layers.0", "layers.1"] in calls  # s crosses the cut between them: none there
+    assert ["stem"] in calls and ["layers.3"] in calls
+
+
+def test_non_traceable_forward_runs_as_one_block():
+    class Dynamic(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+
+        def forward(self, x):
+            for layer in self.layers:
+                if x.sum() > 0:  # data-dependent control flow: fx cannot follow it
+                    x = layer(x)
+            return x
+
+    split = split_module(Dynamic(), torch.randn(2, 4), "dyn")
+    assert len(split.blocks) == 1 and "torch.fx cannot trace" in split.notes[0]
+
+
+@pytest.mark.parametrize("fn, rule", [
+    ("bad_shapes", "need 2 samples"),
+    ("bad_loss", "one number"),
+    ("broken", "fails to build"),
+])
+def test_bad_user_models_fail_naming_model_and_rule(fn, rule):
+    with pytest.raises(ConfigError, match=rule) as e:
+        load_workload(f"user_models:{fn}")
+    assert f"user_models:{fn}" in str(e.value)
+
+
+def test_missing_extra_or_unknown_name_says_how_to_fix():
+    with pytest.raises(UnknownNameError, match="hf:NAME"):
+        load_workload("hf:gpt7")
+    with pytest.raises(ConfigError, match="KEY=N"):
+        load_workload("hf:gpt2?layers=two")

@@ -1,0 +1,190 @@
+"""Decision quality (Kendall's tau, top-1 regret) and prediction intervals, on synthetic rows: what
+every report's accuracy line and the fidelity bench compute (hetsim.reporting.decision)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from hetsim.search import golden
+from hetsim.strategies.ddp import DDPPlan
+
+from hetsim.hardware.cluster import Cluster, Device
+from hetsim.profiling.measure import rel_mad
+from hetsim.profiling.store import ModelProfile, load, save
+from hetsim.reporting import decision, report
+from hetsim.types import Measurement, MemoryBreakdown, Prediction
+
+ROOT = Path(__file__).resolve().parents[2]
+MiB = 2**20
+
+
+def _row(rank: int, pred_step_s: float, meas_step_s: float | None, *, status: str = "ok", batch: int = 32,
+         ref_probe_s: float = 0.0, probe_s: float | None = None, spread: float | None = None) -> report.Row:
+    pred = Prediction(step_time_s=pred_step_s, samples_per_s=batch / pred_step_s, peak_mem_bytes=(MiB,),
+                      memory=(MemoryBreakdown(params_bytes=MiB),), capacity_bytes=(4 * MiB,), feasible=True)
+    if status != "ok":
+        meas = Measurement(status=status, error="boom")
+    else:
+        meas = Measurement(status="ok", step_time_s=meas_step_s, samples_per_s=batch / meas_step_s,
+                           peak_mem_bytes=(MiB,), probe_s=probe_s,
+                           steps_per_probe=meas_step_s / probe_s if probe_s else None)
+    return report.Row(place=rank, label=f"plan{rank}", plan=DDPPlan(devices=(0,), local_batch=(batch,)),
+                      predicted=pred, measured=meas, ref_probe_s=ref_probe_s, timing_spread=spread)
+
+
+# ----------------------------------------------------------------------------- tau and regret
+
+
+def test_kendall_tau_with_ties_and_its_one_home():
+    assert decision.kendall_tau([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    # tau-b: a tie on both sides counts in neither denominator; a tie on one side in that side's.
+    assert decision.kendall_tau([1, 1, 2], [5, 5, 6]) == pytest.approx(1.0)
+    assert decision.kendall_tau([1, 1, 2], [1, 2, 3]) == pytest.approx(2 / 6**0.5)
+    assert decision.kendall_tau([1, 1], [1, 2]) == 0.0  # no pair is ordered on both sides
+    with pytest.raises(ValueError):
+        decision.kendall_tau([1.0], [1.0])
+    assert golden.kendall_tau is decision.kendall_tau  # the bench and the gate use the same rule
+
+
+def test_top1_regret_zero_when_the_predicted_best_ran_fastest():
+    assert decision.top1_regret([10, 20, 30], [11, 19, 33]) == 0.0
+
+
+def test_top1_regret_is_the_measured_shortfall_of_the_predicted_best():
+    # Predicted best: index 2 (30); it measured 24 against a best of 32: regret 1 - 24/32.
+    assert decision.top1_regret([10, 20, 30], [32, 19, 24]) == pytest.approx(0.25)
+
+
+def test_top1_regret_takes_the_slowest_among_tied_best_predictions():
+    assert decision.predicted_best([30, 10, 30], [29, 40, 20]) == 2
+    assert decision.top1_regret([30, 10, 30], [29, 40, 20]) == pytest.approx(0.5)
+
+
+def test_decision_quality_of_one_plan_and_of_none():
+    one = decision.decision_quality([(5.0, 4.0)])
+    assert (one.n_plans, one.kendall_tau, one.top1_regret, one.predicted_best) == (1, None, 0.0, 0)
+    none = decision.decision_quality([])
+    assert (none.n_plans, none.kendall_tau, none.top1_regret) == (0, None, None)
+
+
+def test_report_excludes_failed_runs_from_tau_and_regret():
+    rows = [
+        _row(1, 0.10, None, status="oom"),  # predicted fastest but ran out of memory: not in the figures
+        _row(2, 0.20, 0.30),
+        _row(3, 0.25, 0.24),  # measured fastest
+        _row(4, 0.40, 0.41),
+    ]
+    a = report.accuracy(rows)
+    assert a["executed_ok"] == 3
+    assert a["top1_plan"] == "plan2"
+    assert a["top1_regret"] == pytest.approx(1 - 0.24 / 0.30)
+    assert a["kendall_tau"] == pytest.approx(decision.kendall_tau([1 / 0.2, 1 / 0.25, 1 / 0.4],
+                                                                  [1 / 0.3, 1 / 0.24, 1 / 0.41]))
+    assert a["kendall_tau"] == pytest.approx(1 / 3)
+    assert a["oom_predicted_to_fit"] == 1
+
+
+def test_report_compares_throughput_at_the_profiles_host_speed():
+    # Raw, plan 2 ran faster (0.30 s against 0.32 s); but it ran while the host was fast (probe 10 ms
+    # against 20 ms): at the profiles' host speed (16 ms) it is 0.48 s against 0.256 s.
+    rows = [_row(1, 0.25, 0.32, ref_probe_s=0.016, probe_s=0.020),
+            _row(2, 0.20, 0.30, ref_probe_s=0.016, probe_s=0.010)]
+    a = report.accuracy(rows)
+    assert a["top1_plan"] == "plan2"
+    assert a["top1_regret"] == pytest.approx(1 - 0.256 / 0.48)
+    assert a["kendall_tau"] == pytest.approx(-1.0)
+
+
+# ----------------------------------------------------------------------------- intervals
+
+
+def test_interval_half_width_has_a_floor():
+    assert decision.interval_rel(None) == decision.NOISE_FLOOR_REL
+    assert decision.interval_rel(0.001) == decision.NOISE_FLOOR_REL
+    assert decision.interval_rel(0.04) == pytest.approx(decision.SPREAD_K * 0.04)
+    assert not decision.outside_interval(1.0, 1.05, 0.05)
+    assert not decision.outside_interval(1.0, 0.95, 0.05)
+    assert decision.outside_interval(1.0, 1.06, 0.05) and decision.outside_interval(1.0, 0.94, 0.05)
+
+
+def test_report_marks_measurements_outside_the_interval(tmp_path):
+    rows = [_row(1, 0.20, 0.23, spread=0.02),  # +15 %: outside +-6 %
+            _row(2, 0.25, 0.26, spread=0.02),  # +4 %: inside
+            _row(3, 0.30, None, status="timeout", spread=0.02)]
+    a = report.accuracy(rows)
+    assert a["interval_rel"] == pytest.approx(0.06)
+    assert (a["outside_interval"], a["outside_interval_plans"]) == (1, ["plan1"])
+    devs = (Device(name="d0", kind="emu-cpu", memory_bytes=4 * MiB, index=0),)
+    data = report.ReportData(study="s", model="mlp", cluster=Cluster(spec="x.toml", source="file", devices=devs),
+                             global_batch=32, candidates=rows, baseline=None, trials=[])
+    col = report.header(data).index("in interval")
+    assert [r[col] for r in report.table_rows(data)] == ["OUT", "yes", "-"]
+    line = report.accuracy_line(report.summary(data))
+    assert "Kendall tau 1.00, top-1 regret 0.0% (predicted best: plan1)" in line
+    assert "1 of 2 measured steps outside their prediction +-6.0% (3 x profile spread 2.0%)" in line
+    folder = report.write(data, tmp_path)
+    summary = json.loads((folder / "summary.json").read_text())["accuracy"]
+    assert summary["outside_interval"] == 1 and summary["top1_plan"] == "plan1"
+    assert "top-1 regret" in (folder / "report.md").read_text()
+    assert "top-1 regret" in (folder / "report.html").read_text()
+
+
+def test_accuracy_line_says_when_the_spread_is_unknown_or_one_plan_ran():
+    a = report.accuracy([_row(1, 0.20, 0.21)])
+    text = decision.decision_text({**a})
+    assert "Kendall tau n/a" in text and "top-1 regret 0.0%" in text
+    assert "0 of 1 measured steps outside their prediction +-5.0% (the noise floor; profile spread unknown)" in text
+
+
+# ----------------------------------------------------------------------------- the recorded spread
+
+
+def test_rel_mad():
+    assert rel_mad([1.0, 1.1, 0.8]) == pytest.approx(0.1)
+    assert rel_mad([2.0, 2.0, 2.0]) == 0.0
+
+
+def test_committed_format3_profile_loads_with_unknown_spread_and_the_field_round_trips(tmp_path):
+    path = ROOT / "results" / "profiles" / "emu-cpu" / "model-resnet18@64.json"
+    raw = json.loads(path.read_text())
+    assert "timing_spread" not in raw and raw["fingerprint"]["format"] == "3"
+    prof = load(ModelProfile, path)
+    assert prof.timing_spread is None
+    assert decision.profile_spread([prof]) is None
+    new = dataclasses.replace(prof, timing_spread=0.012)
+    save(new, tmp_path / "p.json")
+    again = load(ModelProfile, tmp_path / "p.json")
+    assert again.timing_spread == pytest.approx(0.012)
+    assert decision.profile_spread([prof, again]) == pytest.approx(0.012)
+
+
+def test_bench_accuracy_carries_the_regret():
+    recs = [{"status": "ok", "pred_step_time_s": p, "meas_step_time_s": m, "pred_peak_mem_bytes": [1],
+             "meas_peak_mem_bytes": [1]} for p, m in ((0.2, 0.3), (0.25, 0.24), (0.4, 0.41))]
+    recs.append({"status": "oom", "pred_step_time_s": 0.1, "meas_step_time_s": None})
+    acc = golden.accuracy_of(recs)
+    assert acc.n_plans == 3
+    assert acc.top1_regret == pytest.approx(1 - 0.24 / 0.3)
+
+
+def test_profile_model_records_the_spread_of_its_whole_model_timings(monkeypatch):
+    import torch
+
+    from hetsim.profiling import measure
+    from hetsim.workloads.builtin import load_workload
+
+    calls = []
+
+    def fake_times(fn, device, reps, warmup=1):  # every repetition set spread by 10 % (relative MAD)
+        fn()
+        calls.append(reps)
+        return [0.010, 0.011, 0.008]
+
+    monkeypatch.setattr(measure, "_times", fake_times)
+    torch.set_num_threads(1)
+    prof = measure.profile_model(load_workload("mlp", 32), "emu-cpu", torch.device("cpu"), (2, 4), ("fp32",))
+    assert calls and prof.timing_spread == pytest.approx(0.1)
+    assert prof.fingerprint["format"] == measure.FORMAT == "4"

@@ -1,0 +1,98 @@
+"""What-if on catalog GPUs: the roofline's predictions, computed here from code (a meta-device trace
+and the datasheet table), against the committed published throughput table."""
+
+from __future__ import annotations
+
+import pytest
+
+from hetsim.hardware.cluster import catalog_device, load_catalog
+from hetsim.model.roofline import math_rate, throughput
+from hetsim.reporting import whatif
+
+
+@pytest.fixture(scope="module")
+def checked():
+    return whatif.validate()
+
+
+def test_published_table_is_sourced_and_covers_six_gpus_per_model():
+    rows = whatif.published_rows()
+    sources = {line.split(",")[0] for line in
+               (whatif.resources.files("hetsim").joinpath("data/published_sources.csv").read_text().splitlines()[1:])}
+    assert {r.source for r in rows} <= sources
+    catalog = load_catalog()
+    assert all(r.gpu in catalog for r in rows)
+    for model in ("resnet50@224", "bert-large-squad@384"):
+        for prec in ("fp32", "fp16"):
+            assert len({r.gpu for r in rows if r.model == model and r.precision == prec}) >= 6
+
+
+def test_median_error_within_20_percent(checked):
+    assert whatif.median_abs_error(checked) <= 0.20, whatif.table(checked)
+
+
+def test_held_out_gpus_within_20_percent(checked):
+    held = [c for c in checked if c.row.gpu not in whatif.FIT_GPUS]
+    assert held and whatif.median_abs_error(held) <= 0.20, whatif.table(held)
+
+
+def test_gpu_order_follows_the_published_order(checked):
+    lambda_rows = [c for c in checked if c.row.source == "L23"]
+    # Published figures within 15 % of each other count as ties (several sources disagree by more).
+    bad = whatif.order_violations(lambda_rows, tie=0.15)
+    assert len(bad) <= 1, bad
+
+
+def test_default_math_follows_pytorch_defaults():
+    a100 = catalog_device(load_catalog()["a100_sxm_80gb"], 0)
+    v100 = catalog_device(load_catalog()["v100_sxm2_16gb"], 0)
+    assert math_rate(a100, "conv", "fp32") == (156e12, "tensor")  # cudnn.allow_tf32 defaults to True
+    assert math_rate(a100, "matmul", "fp32") == (19.5e12, "simt")  # matmul.allow_tf32 defaults to False
+    assert math_rate(v100, "conv", "fp32")[1] == "simt"  # no TF32 before Ampere
+    assert math_rate(v100, "matmul", "fp16") == (125e12, "tensor")
+
+
+def test_low_precision_and_bigger_gpus_are_faster():
+    shapes = whatif.model_shapes("resnet50@224")
+    table = load_catalog()
+    t4, a100 = (catalog_device(table[k], 0) for k in ("t4", "a100_sxm_80gb"))
+    assert throughput(shapes, a100, 128, "fp32") > 2 * throughput(shapes, t4, 128, "fp32")
+    assert throughput(shapes, a100, 128, "fp16") > throughput(shapes, a100, 128, "fp32")
+
+
+def test_meta_trace_matches_a_real_cpu_step():
+    """The meta-device trace counts what a real forward on the CPU counts: FlopCounterMode's FLOPs
+    and the bytes autograd saves for backward, per block."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from hetsim.profiling.measure import _saved_bytes
+    from hetsim.profiling.shapes import trace
+    from hetsim.workloads.builtin import load_workload
+
+    wl = load_workload("resnet18", 64)
+    shapes = trace(wl)
+    model = wl.model()
+    x, _ = wl.make_batch(3, 0)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    h = x
+    for (_, blk), b in zip(model.named_children(), shapes.blocks, strict=True):
+        inp = h.detach().requires_grad_(True)
+        with FlopCounterMode(display=False) as fc:
+            out, saved = _saved_bytes(lambda blk=blk, inp=inp: blk(inp), params)
+        fwd_flops = sum(o.flops_per_sample for o in b.fwd) * 3
+        assert fwd_flops == pytest.approx(fc.get_total_flops(), rel=1e-6), b.name
+        assert b.saved_bytes_fixed + 3 * b.saved_bytes_per_sample == pytest.approx(saved, rel=0.02), b.name
+        h = out.detach()
+    assert isinstance(h, torch.Tensor)
+
+
+def test_catalog_capacity_leaves_room_for_the_cuda_process():
+    from hetsim.hardware.cluster import GiB, catalog_capacity_bytes
+
+    table = load_catalog()
+    for key in ("v100_sxm2_16gb", "a100_sxm_80gb", "h100_sxm"):
+        entry = table[key]
+        cap = catalog_capacity_bytes(entry)
+        held = entry.mem_gib * GiB - cap
+        assert 0.5 * GiB < held < 0.06 * entry.mem_gib * GiB + 1 * GiB, key
