@@ -43,7 +43,7 @@ def best_row(rows: list[Row]) -> Row | None:
 
 def torchrun_lines(plan_path: Path, pf: PlanFile, launch: Launch) -> list[str]:
     """One torchrun command per node (one node unless the search was given a rendezvous endpoint)."""
-    train = ["-m", "hetsim.train", "--plan", str(plan_path.resolve()), "--model", pf.workload,
+    train = ["-m", "hetsim.search.train", "--plan", str(plan_path.resolve()), "--model", pf.workload,
              "--steps", str(TRAIN_STEPS)]
     n = pf.world_size
     if launch.rdzv_endpoint:
@@ -67,12 +67,12 @@ def write_launch_script(folder: Path, plan_path: Path, pf: PlanFile, launch: Lau
         f"# Train with the best plan of study {pf.study!r}: {pf.label}",
         f"# predicted {pf.predicted_samples_per_s:.1f} samples/s"
         + (f", measured {pf.measured_samples_per_s:.1f} samples/s by the search" if pf.measured_samples_per_s else ""),
-        "# Extra arguments go to hetsim.train (e.g. --data pkg.mod:fn --epochs 3 --checkpoint-dir ckpt).",
+        "# Extra arguments go to hetsim.search.train (e.g. --data pkg.mod:fn --epochs 3 --checkpoint-dir ckpt).",
         "set -euo pipefail",
         f'export PYTHONPATH="{root}${{PYTHONPATH:+:$PYTHONPATH}}"',
         f'PATH="{Path(sys.executable).parent}:$PATH"',
     ]
-    check = shlex.join([sys.executable, "-m", "hetsim.train", "--check", "--plan", str(plan_path.resolve()),
+    check = shlex.join([sys.executable, "-m", "hetsim.search.train", "--check", "--plan", str(plan_path.resolve()),
                         "--model", pf.workload]) + ' "$@" >/dev/null'
     body.append("# Check the inputs first: bad input is one line and exit 2, before any rank starts.")
     body.append(check)

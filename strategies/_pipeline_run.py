@@ -163,7 +163,7 @@ class PipelineExecutor:
         self.dp_group = dp_group
 
     def load_batch(self, x, y, global_size: int) -> None:
-        """Train on this replica's samples (x, y) of a global batch of `global_size` next (hetsim.train);
+        """Train on this replica's samples (x, y) of a global batch of `global_size` next (hetsim.search.train);
         every rank of a replica gets the same samples (the first stage reads x, the last y)."""
         self.x, self.y = x.to(self.ctx.device), y.to(self.ctx.device)
         self.scale = 1.0 / global_size

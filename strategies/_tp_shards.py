@@ -10,12 +10,12 @@ norms and residual adds (`REPLICATED_SHARE` of a layer's time) run in full on ev
 
 from __future__ import annotations
 
-import heapq
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from hetsim.errors import InfeasiblePlanError
+from hetsim.model.batchsplit import min_max_split
 from hetsim.workloads.transformer import GPT_PRESETS
 
 REPLICATED_SHARE = 0.05
@@ -95,32 +95,21 @@ def unit_range(sizes: Sequence[int], position: int, unit: int = 1) -> range:
     return range(lo, lo + sizes[position] * unit)
 
 
-def min_max_split(total: int, speeds: Sequence[float], *, granule: int = 1, fits: Callable[[int, int], bool]
-                  | None = None) -> tuple[int, ...]:
+def shard_split(total: int, speeds: Sequence[float], *, granule: int = 1, fits: Callable[[int, int], bool]
+                | None = None) -> tuple[int, ...]:
     """Split `total` units (in multiples of `granule`) over positions of relative speed `speeds` to
-    minimise the slowest position's time units/speed, every position getting at least one granule.
-
-    Exact: time is increasing in units, so giving each next granule to the position that would
-    finish it soonest is optimal for the max (the batch split's argument).  `fits(position, units)`
-    bounds a position by its memory; a position that cannot take one more granule never can later.
-    """
+    minimise the slowest position's time units/speed, every position getting at least one granule:
+    hetsim.model.batchsplit.min_max_split over granules.  `fits(position, units)` bounds a position
+    by its memory; when the bounds leave units over, no split fits."""
     n = len(speeds)
     granules = total // granule
     if granules < n or total % granule:
         raise InfeasiblePlanError(f"cannot split {total} units in multiples of {granule} over {n} ranks, at "
                                   "least one each; use fewer ranks in the tensor group")
-    units = [1] * n
-    heap = [(2 / speeds[i], i) for i in range(n)]
-    heapq.heapify(heap)
-    left = granules - n
-    while left and heap:
-        _, i = heapq.heappop(heap)
-        if fits is not None and not fits(i, (units[i] + 1) * granule):
-            continue
-        units[i] += 1
-        left -= 1
-        heapq.heappush(heap, ((units[i] + 1) / speeds[i], i))
-    if left:
+    room = (lambda i, u: fits(i, u * granule)) if fits is not None else (lambda i, u: True)
+    units = min_max_split(n, granules, 1, lambda i, u: u / speeds[i], room)
+    over = [i for i, u in enumerate(units) if u > 1 and not room(i, u)]
+    if over:
         raise InfeasiblePlanError(f"the tensor group's memory cannot hold {total} units; use more or larger devices")
     return tuple(u * granule for u in units)
 

@@ -182,7 +182,7 @@ class Strategy(ABC):
     """The frozen Plan subclass this family builds (plans round-trip through JSON as this type)."""
     display_name: ClassVar[str] = ""
     """A short human description for reports."""
-    contract_workloads: ClassVar[tuple[str, ...]] = ("gn_resnet@32",)
+    contract_workloads: ClassVar[tuple[str, ...]] = ("gn_resnet@32", "gpt@tiny@16", "simclr@32", "clip@32")
     """Workload specs (hetsim.workloads.workload_from_spec) this family claims to train exactly:
     hetsim.testing checks its real-run gradient on each of them."""
 

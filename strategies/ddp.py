@@ -248,7 +248,7 @@ class DataParallelExecutor:
         self.scaler = None
 
     def load_batch(self, x, y, global_size: int) -> None:
-        """Train on this rank's samples (x, y) of a global batch of `global_size` next (hetsim.train):
+        """Train on this rank's samples (x, y) of a global batch of `global_size` next (hetsim.search.train):
         split into the plan's micro-steps, the loss scaled for the new global size."""
         import torch
 

@@ -16,7 +16,6 @@ then the optimizer step over the rank's own parameters.  The real run is `_tp_ru
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -26,6 +25,7 @@ from hetsim.model.simulator import TaskGraph
 from hetsim.types import MemoryBreakdown
 
 from . import register
+from ._dp_closed import buckets
 from ._tp_run import TPExecutor
 from ._tp_shards import (
     HIDDEN_GRANULE,
@@ -33,11 +33,11 @@ from ._tp_shards import (
     TransformerDims,
     dims_from_spec,
     even_split,
-    min_max_split,
+    shard_split,
     tensor_groups,
 )
 from .base import Plan, SearchContext, Strategy, WorkerContext
-from .ddp import buckets, choose_accum, choose_devices
+from .helpers import choose_accum, choose_devices, min_max_split
 
 if TYPE_CHECKING:
     from hetsim.model.costmodel import CostModel
@@ -216,7 +216,7 @@ def solve_shards(cost: CostModel, dims: TransformerDims, groups, micro: int) -> 
     sp = speeds(cost, dims)
     tp = len(groups[0])
     pos_speed = [min(sp[grp[p]] for grp in groups) for p in range(tp)]
-    heads = min_max_split(dims.n_head, pos_speed)
+    heads = shard_split(dims.n_head, pos_speed)
 
     def fits(p: int, units: int) -> bool:
         trial = TPPlan(devices=tuple(d for grp in groups for d in grp), tp_size=tp, heads=heads,
@@ -225,7 +225,7 @@ def solve_shards(cost: CostModel, dims: TransformerDims, groups, micro: int) -> 
         mem = tp_memory(trial, cost)
         return all(mem[gi * tp + p].total_bytes <= cost.device(grp[p]).memory_bytes for gi, grp in enumerate(groups))
 
-    hidden = min_max_split(dims.hidden, pos_speed, granule=HIDDEN_GRANULE, fits=fits)
+    hidden = shard_split(dims.hidden, pos_speed, granule=HIDDEN_GRANULE, fits=fits)
     return heads, hidden
 
 
@@ -260,14 +260,8 @@ def balance_replicas(cost: CostModel, dims: TransformerDims, groups, heads, hidd
     if accum * len(groups) > global_batch:
         raise InfeasiblePlanError(f"global batch {global_batch} cannot give each of {len(groups)} replicas "
                                   f"{accum} samples; use fewer replicas or accumulation steps")
-    local = [accum] * len(groups)
-    heap = [(replica_time_s(cost, dims, grp, heads, hidden, accum + 1, accum), i) for i, grp in enumerate(groups)]
-    heapq.heapify(heap)
-    for _ in range(global_batch - sum(local)):
-        _, i = heapq.heappop(heap)
-        local[i] += 1
-        heapq.heappush(heap, (replica_time_s(cost, dims, groups[i], heads, hidden, local[i] + 1, accum), i))
-    return tuple(local)
+    return min_max_split(len(groups), global_batch, accum,
+                         lambda i, b: replica_time_s(cost, dims, groups[i], heads, hidden, b, accum))
 
 
 def build_plan(cost: CostModel, devices, tp: int, grouping: str, global_batch: int, accum: int = 1,
@@ -296,6 +290,8 @@ class TP(Strategy):
     name = "tp"
     plan_type = TPPlan
     display_name = "tensor parallel (uneven shards), with data-parallel replicas"
+    contract_workloads = ("gpt@tiny@16",)
+    """Tensor parallelism splits attention heads and MLP units: the gpt is the workload it has plans on."""
 
     def unavailable(self, ctx: SearchContext) -> str | None:
         if tp_dims(ctx.cost) is None:
@@ -305,12 +301,12 @@ class TP(Strategy):
         return None
 
     def space(self, trial, ctx: SearchContext) -> TPPlan:
-        devices = choose_devices(trial, ctx)
-        tp = trial.suggest_categorical("tp_size", list(TP_SIZES))
+        devices = choose_devices(trial, ctx, self.param)
+        tp = trial.suggest_categorical(self.param("size"), list(TP_SIZES))
         if len(devices) % tp:
             raise InfeasiblePlanError(f"tensor group size {tp} does not divide the {len(devices)} chosen devices")
-        grouping = trial.suggest_categorical("tp_grouping", list(GROUPINGS)) if len(devices) > tp else "fast_links"
-        accum = choose_accum(trial, ctx)
+        grouping = trial.suggest_categorical(self.param("grouping"), list(GROUPINGS)) if len(devices) > tp else "fast_links"
+        accum = choose_accum(trial, ctx, self.param)
         return build_plan(ctx.cost, devices, tp, grouping, ctx.global_batch, accum)
 
     def counterparts(self, plan: TPPlan, cost: CostModel) -> list[Plan]:

@@ -27,7 +27,7 @@ class Emulator:
     def __init__(self, speed: float, cap_bytes: int, device_name: str = "emulated device", *,
                  adjustable: bool = False):
         """`adjustable`: hook every block even at full speed, so that `set_speed` can slow the
-        device later (hetsim.train's emulated slowdown)."""
+        device later (hetsim.search.train's emulated slowdown)."""
         self.adjustable = adjustable
         self.speed = speed
         self.cap_bytes = cap_bytes

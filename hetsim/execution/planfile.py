@@ -1,7 +1,7 @@
-"""A found plan as a file: what `hetsim.train` needs to train with it, and what it was measured at.
+"""A found plan as a file: what `hetsim.search.train` needs to train with it, and what it was measured at.
 
 The search writes `best_plan.json` (and one file per executed candidate) beside its report;
-`python -m hetsim.train --plan best_plan.json` reads it back.  The file names the cluster and the
+`python -m hetsim.search.train --plan best_plan.json` reads it back.  The file names the cluster and the
 workload it was found for, so a plan is never applied to another cluster or model by mistake.
 """
 

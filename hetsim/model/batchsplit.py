@@ -1,5 +1,5 @@
 """How a batch divides: evenly into parts, or min-max over workers of different speeds (the rule
-the search's data-parallel split and hetsim.train's rebalancing share)."""
+the search's data-parallel split and hetsim.search.train's rebalancing share)."""
 
 from __future__ import annotations
 

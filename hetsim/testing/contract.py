@@ -113,7 +113,8 @@ def structural_cost(workload_spec: str, cluster: str = CLUSTER, optimizer: str =
     cl = parse_cluster(cluster)
     comm = {k: _synthetic_comm(k) for k in range(2, max(2, len(cl.devices)) + 1)}
     profiles = ProfileSet(models={EMU_KIND: _PROFILES[workload_spec]}, comm=comm)
-    return CostModel(cl, profiles, optimizer, has_batchnorm=wl.has_batchnorm, batch_coupled=wl.batch_coupled)
+    return CostModel(cl, profiles, optimizer, has_batchnorm=wl.has_batchnorm, batch_coupled=wl.batch_coupled,
+                     logits_per_sample_sq=wl.logits_per_sample_sq)
 
 
 def example_plans(name: str, cost: CostModel, global_batch: int = GLOBAL_BATCH) -> list[Plan]:
@@ -168,7 +169,7 @@ def check_memory(strategy: Strategy, plan: Plan, cost: CostModel) -> None:
         f"{label}: feasible={pred.feasible} but devices over capacity: {over}")
 
 
-def check_search_space(strategy: Strategy, cost: CostModel, trials: int = 12, seed: int = 0) -> None:
+def check_search_space(strategy: Strategy, cost: CostModel, trials: int = 48, seed: int = 0) -> None:
     """Random trials of the family's space give valid plans of its type (or InfeasiblePlanError),
     and every parameter it suggests carries its prefix (`Strategy.param`)."""
     ctx = SearchContext(cost=cost, global_batch=GLOBAL_BATCH)

@@ -1,4 +1,4 @@
-"""The examples/charlm example for real: hetsim.train with a hand-made uneven data-parallel plan
+"""The examples/charlm example for real: hetsim.search.train with a hand-made uneven data-parallel plan
 trains the built-in `gpt` on the standard library's source bytes, and its loss falls."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def test_charlm_loss_falls(tmp_path):
     pf = PlanFile(plan=to_dict(plan), label="ddp-10-6", cluster_spec=spec, devices=device_dicts(parse_cluster(spec), (0, 1)),
                   workload="gpt@tiny@64", global_batch=plan.global_batch)
     path = save_plan_file(pf, tmp_path / "plan.json")
-    cmd = [sys.executable, "-m", "hetsim.train", "--plan", str(path), "--data", "examples.charlm.data:train_set",
+    cmd = [sys.executable, "-m", "hetsim.search.train", "--plan", str(path), "--data", "examples.charlm.data:train_set",
            "--steps", str(STEPS), "--lr", "3e-3", "--out", str(tmp_path / "out"), "--log-every", "4", "--no-tensorboard"]
     run = subprocess.run(cmd, env=ENV, cwd=ROOT, timeout=600, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]

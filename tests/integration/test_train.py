@@ -21,7 +21,7 @@ from hetsim.execution.planfile import PlanFile, save_plan_file
 from hetsim.execution.runner import device_dicts
 from hetsim.hardware.cluster import parse_cluster
 from hetsim.serial import to_dict
-from hetsim.train.data import synthetic_dataset
+from hetsim.search.train.data import synthetic_dataset
 from hetsim.workloads import load_workload
 
 pytestmark = pytest.mark.slow
@@ -51,7 +51,7 @@ def test_prepare_gives_the_full_batch_gradient(tmp_path, plan):
                    capture_output=True)
     wl = load_workload("mlp")
     ds = synthetic_dataset(wl, 32)
-    from hetsim.train.sampler import PlanSampler
+    from hetsim.search.train.sampler import PlanSampler
 
     idx = [i for r in range(2) for i in PlanSampler(len(ds), plan.local_batch, r).next_batch()[0]]
     model = wl.model()
@@ -65,7 +65,7 @@ def test_prepare_gives_the_full_batch_gradient(tmp_path, plan):
 
 
 def _train_cmd(plan: Path, ck: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "hetsim.train", "--plan", str(plan), "--steps", "16", "--checkpoint-dir", str(ck),
+    return [sys.executable, "-m", "hetsim.search.train", "--plan", str(plan), "--steps", "16", "--checkpoint-dir", str(ck),
             "--checkpoint-every", "4", "--out", str(out), "--log-every", "1", "--no-tensorboard"]
 
 

@@ -1,4 +1,4 @@
-"""Run under torchrun by test_train.py: one step of `hetsim.train.prepare` on a plan, gradients
+"""Run under torchrun by test_train.py: one step of `hetsim.search.train.prepare` on a plan, gradients
 written to OUT/grads{rank}.pt (full tensors, by parameter name)."""
 
 import sys
@@ -6,8 +6,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from hetsim.train import prepare
-from hetsim.train.data import synthetic_dataset
+from hetsim.search.train import prepare
+from hetsim.search.train.data import synthetic_dataset
 from hetsim.workloads import load_workload
 
 plan_path, out = sys.argv[1], sys.argv[2]

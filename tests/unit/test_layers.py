@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LAYERS = {"hetsim": 0, "hetsim.strategies": 1, "hetsim.search": 2, "hetsim.train": 2}
-"""hetsim.train (training with a found plan) is an application on top, like hetsim.search."""
+LAYERS = {"hetsim": 0, "hetsim.strategies": 1, "hetsim.search": 2}
+"""hetsim.search.train (training with a found plan) is the stage after the search, in its layer."""
 FOLDERS = {"hetsim": "hetsim", "strategies": "hetsim.strategies", "search": "hetsim.search"}
 EXEMPT = ("hetsim.testing",)
 

@@ -8,8 +8,8 @@ import pytest
 from hetsim.strategies._tp_shards import (
     TransformerDims,
     even_split,
-    min_max_split,
     qkv_rows,
+    shard_split,
     tensor_groups,
 )
 from hypothesis import given, settings
@@ -32,19 +32,19 @@ def _brute(total: int, speeds, granule: int = 1) -> float:
 def test_min_max_split_is_optimal(total, speeds):
     if total < len(speeds):
         with pytest.raises(InfeasiblePlanError):
-            min_max_split(total, speeds)
+            shard_split(total, speeds)
         return
-    split = min_max_split(total, speeds)
+    split = shard_split(total, speeds)
     assert sum(split) == total and min(split) >= 1
     assert max(u / s for u, s in zip(split, speeds)) == pytest.approx(_brute(total, speeds))
 
 
 def test_min_max_split_granule_and_memory():
-    assert min_max_split(512, [1.0, 0.5], granule=8) == (344, 168)
+    assert shard_split(512, [1.0, 0.5], granule=8) == (344, 168)
     # Position 0 can hold at most 256 units: the rest goes to position 1.
-    assert min_max_split(512, [1.0, 0.5], granule=8, fits=lambda p, u: p != 0 or u <= 256) == (256, 256)
+    assert shard_split(512, [1.0, 0.5], granule=8, fits=lambda p, u: p != 0 or u <= 256) == (256, 256)
     with pytest.raises(InfeasiblePlanError):
-        min_max_split(512, [1.0, 0.5], granule=8, fits=lambda p, u: u <= 200)
+        shard_split(512, [1.0, 0.5], granule=8, fits=lambda p, u: u <= 200)
 
 
 def test_qkv_rows_hold_q_k_and_v_of_the_same_heads():

@@ -1,4 +1,4 @@
-"""hetsim.train's parts without a process group: sampler, plan files, rebalancing, monitoring,
+"""hetsim.search.train's parts without a process group: sampler, plan files, rebalancing, monitoring,
 the launch script and bad input."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from hetsim.execution.planfile import PlanFile, load_plan_file, save_plan_file
 from hetsim.execution.runner import Launch, device_dicts
 from hetsim.hardware.cluster import parse_cluster
 from hetsim.serial import to_dict
-from hetsim.train import __main__ as cli
-from hetsim.train.monitor import StepRecord, split_phases, write_trace
-from hetsim.train.rebalance import Rates, resolve
-from hetsim.train.sampler import PlanSampler, proportional_split
+from hetsim.search.train import __main__ as cli
+from hetsim.search.train.monitor import StepRecord, split_phases, write_trace
+from hetsim.search.train.rebalance import Rates, resolve
+from hetsim.search.train.sampler import PlanSampler, proportional_split
 
 
 @pytest.mark.parametrize("n", [64, 100, 103])
@@ -124,7 +124,7 @@ def test_a_foreign_plan_file_is_one_clear_error(tmp_path, content):
 def test_launch_script_runs_the_plan_on_its_ranks(tmp_path):
     path, pf = _plan_file(tmp_path)
     sh = write_launch_script(tmp_path, path, pf, Launch()).read_text()
-    assert "--nproc-per-node 2" in sh and "-m hetsim.train" in sh and str(path.resolve()) in sh
+    assert "--nproc-per-node 2" in sh and "-m hetsim.search.train" in sh and str(path.resolve()) in sh
     assert "127.0.0.1" in sh  # nothing listens off-host
     multi = torchrun_lines(path, pf, Launch(nnodes="2", rdzv_endpoint="head:29400"))
     assert len(multi) == 2 and all("--rdzv-endpoint head:29400" in line for line in multi)
@@ -184,7 +184,7 @@ def test_a_checkpoint_of_another_plan_is_refused_and_kept(tmp_path, capsys):
 
 
 def test_tensorboard_scalars_are_written(tmp_path):
-    from hetsim.train.monitor import Scalars
+    from hetsim.search.train.monitor import Scalars
 
     recs = [[_rec(i, 1.0, 0.6, 0.1, start=i) for i in range(2)] for _ in range(2)]
     sc = Scalars(tmp_path / "tb")

@@ -13,7 +13,7 @@ import statistics
 from dataclasses import dataclass
 
 from hetsim.model.batchsplit import min_max_split
-from hetsim.train.monitor import StepRecord
+from hetsim.search.train.monitor import StepRecord
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """`prepare`: apply a found plan inside your own training loop, in the spirit of accelerate's
 `prepare`.
 
-    from hetsim.train import prepare
+    from hetsim.search.train import prepare
 
     run = prepare("best_plan.json", model, lambda params: torch.optim.AdamW(params, lr=3e-4), dataset)
     for x, y in run.batches(steps=1000):      # this rank's share of each global batch
@@ -14,7 +14,7 @@ family wraps the model: `ddp` with DistributedDataParallel, `zero` stage 1 with
 ZeroRedundancyOptimizer, stages 2 and 3 with FSDP2's `fully_shard` on every child and the root
 (the optimizer is built after wrapping, hence a factory).  `backward` scales a summed loss by
 world size / global batch, so uneven shares give the full-batch mean gradient.  Pipeline plans
-need the model cut into stages and their own schedule: train them with `python -m hetsim.train`.
+need the model cut into stages and their own schedule: train them with `python -m hetsim.search.train`.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from hetsim.errors import ConfigError
 from hetsim.execution.planfile import PlanFile, load_plan_file
 from hetsim.model.batchsplit import split_evenly
 from hetsim.strategies import plan_from_dict
-from hetsim.train.data import collate
-from hetsim.train.sampler import PlanSampler
+from hetsim.search.train.data import collate
+from hetsim.search.train.sampler import PlanSampler
 
 
 @dataclass
@@ -95,7 +95,7 @@ def prepare(plan: str | PlanFile, model: nn.Module, optimizer: Callable[..., tor
     p = plan_from_dict(pf.plan)
     if not hasattr(p, "local_batch"):
         raise ConfigError(f"prepare() applies data-parallel plans (ddp, zero); this is a {p.strategy} plan: "
-                          "train it with python -m hetsim.train")
+                          "train it with python -m hetsim.search.train")
     dev = pf.devices[rank]
     device = torch.device("cuda", dev.get("index", 0)) if dev.get("backend") == "cuda" else torch.device("cpu")
     model = model.to(device)

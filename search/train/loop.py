@@ -21,9 +21,9 @@ from hetsim.execution.worker import RankResult, summarize_steps
 from hetsim.profiling.hostspeed import HostProbe
 from hetsim.strategies import get, plan_from_dict
 from hetsim.strategies.base import WorkerContext
-from hetsim.train import checkpoint, monitor, rebalance
-from hetsim.train.data import collate
-from hetsim.train.sampler import PlanSampler
+from hetsim.search.train import checkpoint, monitor, rebalance
+from hetsim.search.train.data import collate
+from hetsim.search.train.sampler import PlanSampler
 from hetsim.workloads import Workload
 
 TIMING_WARMUP = 3

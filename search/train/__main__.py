@@ -1,4 +1,4 @@
-"""`python -m hetsim.train`: train a model with a plan a search found (the only place that reads
+"""`python -m hetsim.search.train`: train a model with a plan a search found (the only place that reads
 this tool's argv).
 
 Under torchrun (launch.sh) every rank trains; run directly, it checks everything first (one
@@ -20,7 +20,7 @@ LR_SCHEDULES = ("constant", "cosine")
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m hetsim.train", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m hetsim.search.train", description=__doc__.splitlines()[0])
     p.add_argument("--plan", required=True, help="best_plan.json (or plans/*.json) written by hetsim.search")
     p.add_argument("--model", help="the plan's workload (default: the one in the plan file); must match it")
     p.add_argument("--data", help="module:function returning a torch Dataset of (input, target) pairs "
@@ -50,7 +50,7 @@ def _positive(name: str, value: int | None) -> None:
 
 
 def parse_slow(text: str | None, world: int):
-    from hetsim.train.loop import Slowdown
+    from hetsim.search.train.loop import Slowdown
 
     if text is None:
         return None
@@ -74,10 +74,10 @@ def check_slow(slow, pf) -> None:
 def prepare(args):
     """Everything checked and loaded, nothing written: (plan file, workload, dataset, config)."""
     from hetsim.execution.planfile import load_plan_file
-    from hetsim.train import checkpoint
-    from hetsim.train.data import check_size, load_dataset, synthetic_dataset
-    from hetsim.train.loop import TrainConfig
-    from hetsim.train.sampler import PlanSampler
+    from hetsim.search.train import checkpoint
+    from hetsim.search.train.data import check_size, load_dataset, synthetic_dataset
+    from hetsim.search.train.loop import TrainConfig
+    from hetsim.search.train.sampler import PlanSampler
     from hetsim.workloads import workload_from_spec
 
     for name in ("steps", "epochs", "checkpoint_every", "log_every"):
@@ -127,7 +127,7 @@ def _relaunch(argv: list[str], n: int) -> int:
     """Not under torchrun: start the plan's ranks through torchrun (loopback only)."""
     from hetsim.execution.runner import Launch
 
-    cmd = [sys.executable, "-m", "hetsim.execution.launcher", *Launch().args(n), "-m", "hetsim.train", *argv]
+    cmd = [sys.executable, "-m", "hetsim.execution.launcher", *Launch().args(n), "-m", "hetsim.search.train", *argv]
     return subprocess.call(cmd)
 
 
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 def _train(pf, wl, ds, cfg) -> int:
     import torch.distributed as dist
 
-    from hetsim.train.loop import Trainer
+    from hetsim.search.train.loop import Trainer
 
     backend = "nccl" if all(d.get("backend") == "cuda" for d in pf.devices) else "gloo"
     dist.init_process_group(backend=backend)

@@ -1,4 +1,4 @@
-"""The data `hetsim.train` feeds a plan: the user's own Dataset (`--data pkg.mod:fn`) or, by
+"""The data `hetsim.search.train` feeds a plan: the user's own Dataset (`--data pkg.mod:fn`) or, by
 default, synthetic samples from the workload's batch maker."""
 
 from __future__ import annotations
