@@ -30,7 +30,7 @@ from hetsim.execution.memtrack import measure_step, peak_breakdown
 
 from ._contrastive import pipeline_loss
 from ._pipeline_sched import ZERO_BUBBLE, rank_stages
-from .helpers import apply_checkpointing, autocast, full_grads
+from .helpers import apply_checkpointing, autocast, grads_of_one_pass, train_step
 
 
 class _CategoryTotalsOnly:
@@ -229,15 +229,7 @@ class PipelineExecutor:
         return peak_breakdown(mt)
 
     def step(self) -> float | None:
-        loss = self._forward_backward()
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=False)
-        return loss
+        return train_step(self.opt, self._forward_backward)
 
     def compute_grads(self) -> dict[str, torch.Tensor]:
-        self.opt.zero_grad(set_to_none=True)
-        self._forward_backward()
-        out: dict[str, torch.Tensor] = {}
-        for seq in self.seqs:
-            out.update(full_grads(seq))
-        return out
+        return grads_of_one_pass(self.opt, self._forward_backward, self.seqs)

@@ -29,10 +29,11 @@ from .helpers import (
     choose_accum,
     choose_common,
     choose_devices,
-    full_grads,
+    grads_of_one_pass,
     local_floor,
     min_micro_batch,
     split_evenly,
+    train_step,
     uneven_split,
 )
 
@@ -279,21 +280,10 @@ class DataParallelExecutor:
         return float(loss.detach())
 
     def step(self) -> float:
-        loss = self._forward_backward()
-        if self.scaler:
-            self.scaler.step(self.stepper)
-            self.scaler.update()
-        else:
-            self.stepper.step()
-        # Gradients stay allocated between steps (as ddp's): the measured peak holds them throughout.
-        self.stepper.zero_grad(set_to_none=False)
-        return loss
+        return train_step(self.stepper, self._forward_backward, self.scaler)
 
     def compute_grads(self):
-
-        self.stepper.zero_grad(set_to_none=True)
-        self._forward_backward()
-        return full_grads(self.model)
+        return grads_of_one_pass(self.stepper, self._forward_backward, [self.model])
 
 
 
