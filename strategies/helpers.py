@@ -12,6 +12,7 @@ names its search parameters and builds its model by the same rules:
 - search memo: `memo_solve` (an exact inner solver once per outer choice);
 - rules: `min_micro_batch` (BatchNorm needs two samples per micro-batch), `batchnorm_warning`,
   `precision_ok`;
+- labels: `knobs_label` (a plan's precision and checkpointing, as every label ends);
 - real runs: `apply_checkpointing`, `autocast` (hetsim.workloads.precision's, re-exported),
   `full_grads`, `clean_name`, and an executor's `step` and `compute_grads` around its own forward
   and backward: `train_step`, `grads_of_one_pass`.
@@ -55,6 +56,7 @@ __all__ = [
     "clean_name",
     "full_grads",
     "grads_of_one_pass",
+    "knobs_label",
     "local_floor",
     "memo_solve",
     "min_max_split",
@@ -133,6 +135,16 @@ def precision_ok(cost: CostModel, dev: int, precision: str) -> bool:
     if precision == "fp16":
         return d.backend != "emulated"  # fp16 autocast with loss scaling is CUDA-only
     return True
+
+
+def knobs_label(plan: Plan) -> str:
+    """The end of a plan's label: its precision unless fp32, its checkpointed blocks unless none."""
+    s = ""
+    if plan.precision != "fp32":
+        s += f" {plan.precision}"
+    if plan.checkpoint_blocks:
+        s += f" ckpt {plan.checkpoint_blocks}"
+    return s
 
 
 # ----------------------------------------------------------------------------- batch splits

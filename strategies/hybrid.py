@@ -42,13 +42,12 @@ from ._pipeline_sched import (
     stage_rank,
 )
 from .base import Plan, SearchContext, Strategy, WorkerContext
-from .helpers import choose_common, memo_solve, min_micro_batch
+from .helpers import choose_common, knobs_label, memo_solve, min_micro_batch
 from .pipeline import (
     check_common,
     choose_microbatches,
     choose_schedule,
     choose_stages_per_rank,
-    knobs_label,
     ordered_devices,
     stages_label,
 )

@@ -48,7 +48,7 @@ from ._pipeline_sched import (
     stage_rank,
 )
 from .base import Plan, SearchContext, Strategy, WorkerContext
-from .helpers import ParamName, choose_common, memo_solve, min_micro_batch
+from .helpers import ParamName, choose_common, knobs_label, memo_solve, min_micro_batch
 
 if TYPE_CHECKING:
     from hetsim.model.costmodel import CostModel
@@ -192,15 +192,6 @@ def check_common(cost: CostModel, boundaries, n_ranks: int, schedule: str, micro
 def stages_label(plan, devices_of_stage) -> str:
     b = plan.boundaries
     return " ".join(f"[{b[s]}:{b[s + 1]}]@dev{devices_of_stage(s)}" for s in range(len(b) - 1))
-
-
-def knobs_label(plan) -> str:
-    s = ""
-    if plan.precision != "fp32":
-        s += f" {plan.precision}"
-    if plan.checkpoint_blocks:
-        s += f" ckpt {plan.checkpoint_blocks}"
-    return s
 
 
 # ----------------------------------------------------------------------------- the family
