@@ -95,6 +95,11 @@ def rank_stages(schedule: str, n_ranks: int, v: int, rank: int) -> tuple[int, ..
     return tuple(s for s in range(n_ranks * v) if stage_rank(schedule, n_ranks, s) == rank)
 
 
+def stage_devices(schedule: str, devices: Sequence[int], n_stages: int) -> tuple[int, ...]:
+    """The device of each stage when `devices` are a pipeline's ranks in order."""
+    return tuple(devices[stage_rank(schedule, len(devices), s)] for s in range(n_stages))
+
+
 # ----------------------------------------------------------------------------- action lists
 
 
@@ -287,6 +292,35 @@ def _compute_key(a: Action) -> tuple:
     return ({"F": "F", "B": "I", "I": "I", "W": "W"}[a.kind], a.stage, a.mb)
 
 
+def replicas_graph(cost: CostModel, replica_devices: Sequence[Sequence[int]], boundaries: Sequence[int],
+                   schedule: str, m: int, micros: Sequence[int], precision: str, ckpt: int) -> TaskGraph:
+    """The step of data-parallel replicas of one pipeline (one replica: a plain pipeline), replica i
+    on `replica_devices[i]` with micro-batches of `micros[i]`: each replica's actions (`add_pipeline`),
+    then on each pipeline rank the all-reduce of its stages' gradients across the replicas (none for
+    one replica) and every replica's optimizer step."""
+    g = TaskGraph()
+    R, P = len(replica_devices), len(replica_devices[0])
+    v = (len(boundaries) - 1) // max(1, P)
+    tasks = [add_pipeline(g, cost, replica_devices[i], boundaries, schedule, m, micros[i], precision, ckpt,
+                          tag=f"r{i}:" if R > 1 else "")
+             for i in range(R)]
+    for r in range(P):
+        # Each rank all-reduces its stages' gradients (one flat tensor) after its last action.
+        group = tuple(replica_devices[i][r] for i in range(R))
+        mine = rank_stages(schedule, P, v, r)
+        count = sum(cost.param_count(boundaries[s], boundaries[s + 1]) for s in mine)
+        reduced = []
+        if R > 1:
+            nbytes = sum(cost.param_bytes(boundaries[s], boundaries[s + 1]) for s in mine)
+            reduced.append(g.add(Resource.group(r), TaskKind.ALLREDUCE, cost.allreduce_s(nbytes, group),
+                                 [tasks[i].last[r] for i in range(R)],
+                                 label=f"allreduce stages {','.join(map(str, mine))}"))
+        for i in range(R):
+            d = replica_devices[i][r]
+            g.add(Resource.device(d), TaskKind.OPTIMIZER, cost.opt_s(d, count), [tasks[i].last[r], *reduced], label="opt")
+    return g
+
+
 # ----------------------------------------------------------------------------- memory
 
 
@@ -351,6 +385,15 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
             held -= kept[a.stage]
     return MemoryBreakdown(params_bytes=params, grads_bytes=grads, optim_bytes=optim,
                            activations_bytes=int(best[0]), other_bytes=int(best[1]))
+
+
+def replicas_memory(cost: CostModel, schedule: str, n_ranks: int, boundaries: Sequence[int], m: int,
+                    micros: Sequence[int], precision: str, ckpt: int) -> tuple[MemoryBreakdown, ...]:
+    """`rank_memory` of every rank of data-parallel replicas of one pipeline of `n_ranks` ranks,
+    replica by replica (replica i's micro-batches hold `micros[i]` samples)."""
+    acts = rank_actions(schedule, n_ranks, m, (len(boundaries) - 1) // max(1, n_ranks))
+    return tuple(rank_memory(cost, acts[k % n_ranks], boundaries, micros[k // n_ranks], precision, ckpt)
+                 for k in range(n_ranks * len(micros)))
 
 
 def divisors(n: int, cap: int = 64) -> list[int]:
