@@ -219,16 +219,43 @@ def prepare(argv: list[str] | None, console):
 
 
 def resolve(args, console):
-    from rich.markup import escape
-
     from hetsim import strategies
-    from hetsim.errors import ConfigError
-    from hetsim.hardware.cluster import parse_cluster
 
     from . import checks
     from .options import Options, default_study_name
 
     # Cheap checks first: nothing below measures anything.
+    precisions = _check_options(args)
+    out = checks.output_folder(args.out, "--out")
+    cluster = _cluster(args.cluster, console)
+    # Below, torch is imported (the workload, the runner); nothing is measured yet.
+    from hetsim.execution.runner import Launch
+
+    fault = _parse_fault(args.inject_fault) if args.inject_fault else None
+    known = strategies.names()  # imports the strategy modules, and torch
+    names = checks.name_list(args.strategies, "--strategies", known, "strategy") if args.strategies else tuple(known)
+    wl = _workload(args, cluster, console)
+    _check_batch(args.global_batch, args.min_local_batch, cluster, wl)
+    notes: list[str] = list(wl.notes)
+    if cluster.emulated:
+        precisions = tuple(p for p in precisions if p != "fp16") or ("fp32",)  # fp16 autocast is CUDA-only
+    storage = _storage(args, out)
+    study = args.study or default_study_name(wl.spec, cluster.spec, args.global_batch, names)
+    launch = Launch(nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint)
+    return Options(model=args.model, cluster=cluster, workload=wl, global_batch=args.global_batch, strategies=names,
+                   trials=args.trials, top_k=args.top_k, steps=args.steps, warmup=args.warmup,
+                   timeout_s=args.timeout, storage=storage, jobs=args.jobs, study=study, out=out, execute=not args.no_execute,
+                   seed=args.seed, reprofile=args.reprofile, precisions=precisions,
+                   min_local_batch=args.min_local_batch, checkpointing=not args.no_checkpointing, launch=launch,
+                   notes=tuple(notes), fault=fault, trial_delay_s=args.trial_delay)
+
+
+def _check_options(args) -> tuple[str, ...]:
+    """The checks of options that need nothing loaded, in order; returns the asked precisions."""
+    from hetsim.errors import ConfigError
+
+    from . import checks
+
     if args.warmup < 2:
         raise ConfigError(f"--warmup {args.warmup} is below 2: step 0 creates optimizer state and step 1 measures "
                           "memory; use --warmup 2 or more")
@@ -249,43 +276,49 @@ def resolve(args, console):
     if args.optimizer is not None and args.optimizer not in OPTIMIZERS:
         raise UnknownNameError("optimizer", args.optimizer, list(OPTIMIZERS),
                                checks.closest_hint(args.optimizer, list(OPTIMIZERS)))
-    out = checks.output_folder(args.out, "--out")
-    cluster = parse_cluster(args.cluster)
+    return precisions
+
+
+def _cluster(text: str, console):
+    """The cluster of --cluster, described with its notes."""
+    from rich.markup import escape
+
+    from hetsim.hardware.cluster import parse_cluster
+
+    cluster = parse_cluster(text)
     console.print(escape(cluster.describe()))
     for n in cluster.notes:
         console.print(f"[yellow]note:[/] {escape(n)}")
-    # Below, torch is imported (the workload, the runner); nothing is measured yet.
-    from hetsim.execution.runner import Launch
+    return cluster
 
-    fault = _parse_fault(args.inject_fault) if args.inject_fault else None
-    known = strategies.names()  # imports the strategy modules, and torch
-    names = checks.name_list(args.strategies, "--strategies", known, "strategy") if args.strategies else tuple(known)
 
+def _check_batch(global_batch: int, min_local_batch: int, cluster, wl) -> None:
+    """The batch checks before anything is measured: every device gets its least local batch
+    (checks.batch_covers_devices), and the batch's inputs and the profiler's micro-batches fit in
+    memory (checks.batch_fits_memory)."""
     from hetsim.workloads.footprint import sample_footprint
 
-    wl = _workload(args, cluster, console)
-    checks.batch_covers_devices(args.global_batch, len(cluster.devices), args.min_local_batch, wl.has_batchnorm,
-                                wl.name)
+    from . import checks
+
+    checks.batch_covers_devices(global_batch, len(cluster.devices), min_local_batch, wl.has_batchnorm, wl.name)
     on_gpu = cluster.source == "cuda"
-    checks.batch_fits_memory(args.global_batch, sample_footprint(wl), wl.name, [d.memory_bytes for d in cluster.devices],
+    checks.batch_fits_memory(global_batch, sample_footprint(wl), wl.name, [d.memory_bytes for d in cluster.devices],
                              max(d.memory_bytes for d in cluster.devices) if on_gpu else cluster.host_memory_bytes,
                              "the GPU" if on_gpu else "this machine's CPU")
-    notes: list[str] = list(wl.notes)
-    if cluster.emulated:
-        precisions = tuple(p for p in precisions if p != "fp16") or ("fp32",)  # fp16 autocast is CUDA-only
+
+
+def _storage(args, out) -> str:
+    """The study's storage URL (a journal in --out by default); several --jobs need a journal."""
+    from hetsim.errors import ConfigError
+
+    from . import checks
+
     storage = args.storage if args.storage is not None else f"journal:{(out / 'hetsim.journal').resolve()}"
     if args.jobs > 1 and not (storage.startswith("journal:") or storage.endswith(".journal")):
         raise ConfigError(f"--jobs {args.jobs} with --storage {shown(checks.masked_url(storage))}: several search workers "
                           "need a journal storage (SQLite breaks under parallel writers); use --storage "
                           "journal:PATH or --jobs 1")
-    study = args.study or default_study_name(wl.spec, cluster.spec, args.global_batch, names)
-    launch = Launch(nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint)
-    return Options(model=args.model, cluster=cluster, workload=wl, global_batch=args.global_batch, strategies=names,
-                   trials=args.trials, top_k=args.top_k, steps=args.steps, warmup=args.warmup,
-                   timeout_s=args.timeout, storage=storage, jobs=args.jobs, study=study, out=out, execute=not args.no_execute,
-                   seed=args.seed, reprofile=args.reprofile, precisions=precisions,
-                   min_local_batch=args.min_local_batch, checkpointing=not args.no_checkpointing, launch=launch,
-                   notes=tuple(notes), fault=fault, trial_delay_s=args.trial_delay)
+    return storage
 
 
 def _workload(args, cluster, console):

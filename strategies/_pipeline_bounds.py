@@ -30,6 +30,10 @@ Elem = Callable[[int, int, int], "tuple[float, float] | None"]
 when blocks lo..hi cannot be stage `stage` (memory)."""
 
 
+Rows = list[dict[int, list[tuple[int, float, float]]]]
+"""rows[s][lo]: the feasible (hi, a, peak) of stage s starting at block lo, hi ascending."""
+
+
 def min_sum_plus_max(n_stages: int, n_blocks: int, elem: Elem, weight: float) -> tuple[float, tuple[int, ...]]:
     """Exact minimum over contiguous partitions of blocks 0..n into n_stages non-empty ranges of
     sum(a) + weight * max(peak), and the boundaries that reach it.
@@ -40,6 +44,32 @@ def min_sum_plus_max(n_stages: int, n_blocks: int, elem: Elem, weight: float) ->
     """
     if n_stages < 1 or n_stages > n_blocks:
         raise InfeasiblePlanError(f"{n_stages} stage(s) cannot split {n_blocks} block(s) into non-empty ranges")
+    rows, peaks = _feasible_rows(n_stages, n_blocks, elem)
+    free = _least_sum_chain(rows, n_blocks, math.inf)
+    if free is None:
+        raise InfeasiblePlanError(
+            f"no split of the {n_blocks} blocks into {n_stages} stages fits every stage's device memory; "
+            "use more stages, fewer micro-batches in flight (1F1B), checkpointing, or devices with more memory"
+        )
+    if weight <= 0:
+        return free[0], free[1]
+    floor_sum = free[0]
+    best_val, best_bounds = math.inf, free[1]
+    lowest = _least_bottleneck(rows, n_blocks)
+    for bound in sorted({p for p in peaks if p >= lowest}):
+        if floor_sum + weight * bound >= best_val:
+            break
+        got = _least_sum_chain(rows, n_blocks, bound)
+        if got is None:
+            continue
+        val = got[0] + weight * bound
+        if val < best_val:
+            best_val, best_bounds = val, got[1]
+    return best_val, best_bounds
+
+
+def _feasible_rows(n_stages: int, n_blocks: int, elem: Elem) -> tuple[Rows, list[float]]:
+    """Every feasible element (stage s, blocks lo..hi) as `Rows`, and the peak of each."""
     table: dict[tuple[int, int, int], tuple[float, float]] = {}
     for s in range(n_stages):
         # Stage s starts at >= s and leaves >= 1 block for every later stage.
@@ -51,60 +81,40 @@ def min_sum_plus_max(n_stages: int, n_blocks: int, elem: Elem, weight: float) ->
                 e = elem(s, lo, hi)
                 if e is not None:
                     table[(s, lo, hi)] = e
-
-    # rows[s][lo]: the feasible (hi, a, peak) of stage s starting at block lo.
-    rows: list[dict[int, list[tuple[int, float, float]]]] = [{} for _ in range(n_stages)]
+    rows: Rows = [{} for _ in range(n_stages)]
     for (s, lo, hi), (a, peak) in sorted(table.items()):
         rows[s].setdefault(lo, []).append((hi, a, peak))
+    return rows, [e[1] for e in table.values()]
 
-    def chain(bound: float) -> tuple[float, tuple[int, ...]] | None:
-        best = {0: (0.0, (0,))}  # after stage s-1: end block -> (sum, boundaries)
-        for s in range(n_stages):
-            nxt: dict[int, tuple[float, tuple[int, ...]]] = {}
-            for lo, (acc, bounds) in best.items():
-                for hi, a, peak in rows[s].get(lo, ()):
-                    if peak > bound:
-                        continue
-                    cand = acc + a
-                    if hi not in nxt or cand < nxt[hi][0]:
-                        nxt[hi] = (cand, bounds + (hi,))
-            best = nxt
-        return best.get(n_blocks)
 
-    def least_bottleneck() -> float:
-        """The smallest achievable max(peak) (a min-max chain DP): no smaller bound is feasible."""
-        best = {0: 0.0}
-        for s in range(n_stages):
-            nxt: dict[int, float] = {}
-            for lo, worst in best.items():
-                for hi, _, peak in rows[s].get(lo, ()):
-                    w = max(worst, peak)
-                    if hi not in nxt or w < nxt[hi]:
-                        nxt[hi] = w
-            best = nxt
-        return best.get(n_blocks, math.inf)
+def _least_sum_chain(rows: Rows, n_blocks: int, bound: float) -> tuple[float, tuple[int, ...]] | None:
+    """The least sum(a) over the partitions whose every peak is <= bound, and its boundaries (None: none)."""
+    best = {0: (0.0, (0,))}  # after stage s-1: end block -> (sum, boundaries)
+    for row in rows:
+        nxt: dict[int, tuple[float, tuple[int, ...]]] = {}
+        for lo, (acc, bounds) in best.items():
+            for hi, a, peak in row.get(lo, ()):
+                if peak > bound:
+                    continue
+                cand = acc + a
+                if hi not in nxt or cand < nxt[hi][0]:
+                    nxt[hi] = (cand, bounds + (hi,))
+        best = nxt
+    return best.get(n_blocks)
 
-    free = chain(math.inf)
-    if free is None:
-        raise InfeasiblePlanError(
-            f"no split of the {n_blocks} blocks into {n_stages} stages fits every stage's device memory; "
-            "use more stages, fewer micro-batches in flight (1F1B), checkpointing, or devices with more memory"
-        )
-    if weight <= 0:
-        return free[0], free[1]
-    floor_sum = free[0]
-    best_val, best_bounds = math.inf, free[1]
-    lowest = least_bottleneck()
-    for bound in sorted({e[1] for e in table.values() if e[1] >= lowest}):
-        if floor_sum + weight * bound >= best_val:
-            break
-        got = chain(bound)
-        if got is None:
-            continue
-        val = got[0] + weight * bound
-        if val < best_val:
-            best_val, best_bounds = val, got[1]
-    return best_val, best_bounds
+
+def _least_bottleneck(rows: Rows, n_blocks: int) -> float:
+    """The smallest achievable max(peak) (a min-max chain DP): no smaller bound is feasible."""
+    best = {0: 0.0}
+    for row in rows:
+        nxt: dict[int, float] = {}
+        for lo, worst in best.items():
+            for hi, _, peak in row.get(lo, ()):
+                w = max(worst, peak)
+                if hi not in nxt or w < nxt[hi]:
+                    nxt[hi] = w
+        best = nxt
+    return best.get(n_blocks, math.inf)
 
 
 def step_elements(cost: CostModel, lanes: Sequence[Lane], n_stages: int, precision: str, ckpt: int,

@@ -30,7 +30,7 @@ from hetsim.execution.memtrack import measure_step, peak_breakdown
 
 from ._contrastive import pipeline_loss
 from ._pipeline_sched import ZERO_BUBBLE, rank_stages
-from .helpers import apply_checkpointing, autocast, full_grads
+from .helpers import apply_checkpointing, autocast, grads_of_one_pass, train_step
 
 
 class _CategoryTotalsOnly:
@@ -81,12 +81,26 @@ class _Contiguous(nn.Module):
         return x.contiguous() if isinstance(x, torch.Tensor) else x
 
 
+def _process_groups(n_rep: int, P: int, replica: int, prank: int):
+    """(this replica's pipeline group, the group of ranks holding this rank's stages); both None
+    without replicas.  Every rank creates every group, in the same order (dist.new_group is collective)."""
+    pp_group = None
+    dp_group = None
+    if n_rep > 1:
+        for i in range(n_rep):
+            grp = dist.new_group(list(range(i * P, (i + 1) * P)))
+            if i == replica:
+                pp_group = grp
+        for r in range(P):
+            grp = dist.new_group([i * P + r for i in range(n_rep)])
+            if r == prank:
+                dp_group = grp
+    return pp_group, dp_group
+
+
 class PipelineExecutor:
     def __init__(self, ctx, *, schedule: str, boundaries: Sequence[int], microbatches: int, precision: str,
                  checkpoint_blocks: int, replica_batches: Sequence[int], pipeline_ranks: int):
-        from torch.distributed.pipelining import PipelineStage
-        from torch.distributed.pipelining.schedules import get_schedule_class
-
         self.ctx = ctx
         self.precision = precision
         wl = ctx.workload
@@ -97,24 +111,38 @@ class PipelineExecutor:
         replica, prank = divmod(ctx.rank, P)
         n_stages = len(boundaries) - 1
         v = n_stages // P
+        pp_group, dp_group = _process_groups(n_rep, P, replica, prank)
 
-        # Every rank creates every group, in the same order (dist.new_group is collective).
-        pp_group = None
-        dp_group = None
-        if n_rep > 1:
-            for i in range(n_rep):
-                grp = dist.new_group(list(range(i * P, (i + 1) * P)))
-                if i == replica:
-                    pp_group = grp
-            for r in range(P):
-                grp = dist.new_group([i * P + r for i in range(n_rep)])
-                if r == prank:
-                    dp_group = grp
+        self.stage_ids = rank_stages(schedule, P, v, prank)
+        stages = self._build_stages(schedule, boundaries, checkpoint_blocks, pp_group)
+        self.model = nn.ModuleList(self.seqs)
+        self.opt = wl.make_optimizer([p for seq in self.seqs for p in seq.parameters()])
+        if ctx.emulator is not None:
+            ctx.emulator.wrap_optimizer(self.opt)
 
-        full = wl.model()
+        gb = sum(replica_batches)
+        self.scale = 1.0 / gb
+        self._build_schedule(schedule, stages[0] if v == 1 else stages, microbatches, replica_batches, dp_group)
+
+        x, y = wl.make_batch(gb, ctx.seed)
+        lo = sum(replica_batches[:replica])
+        hi = lo + replica_batches[replica]
+        self.is_first = 0 in self.stage_ids
+        self.is_last = (n_stages - 1) in self.stage_ids
+        self.x = x[lo:hi].to(ctx.device)
+        self.y = y[lo:hi].to(ctx.device)
+        self.dp_group = dp_group
+
+    def _build_stages(self, schedule: str, boundaries: Sequence[int], checkpoint_blocks: int, pp_group) -> list:
+        """This rank's stages (self.stage_ids) as `nn.Sequential`s of the full model's blocks, kept in
+        self.seqs, and wrapped as torch `PipelineStage`s (returned)."""
+        from torch.distributed.pipelining import PipelineStage
+
+        ctx = self.ctx
+        n_stages = len(boundaries) - 1
+        full = ctx.workload.model()
         names = [n for n, _ in full.named_children()]
         mods = dict(full.named_children())
-        self.stage_ids = rank_stages(schedule, P, v, prank)
         self.seqs: list[nn.Sequential] = []
         stages = []
         for s in self.stage_ids:
@@ -128,15 +156,14 @@ class PipelineExecutor:
             end = _Detach() if schedule in ZERO_BUBBLE else _Contiguous()
             sub: nn.Module = nn.Sequential(OrderedDict([("stage", seq), ("detach", end)]))
             stages.append(PipelineStage(sub, s, n_stages, ctx.device, group=pp_group))
-        del full
+        return stages
 
-        self.model = nn.ModuleList(self.seqs)
-        self.opt = wl.make_optimizer([p for seq in self.seqs for p in seq.parameters()])
-        if ctx.emulator is not None:
-            ctx.emulator.wrap_optimizer(self.opt)
+    def _build_schedule(self, schedule: str, stages, microbatches: int, replica_batches: Sequence[int],
+                        dp_group) -> None:
+        """torch's schedule class over `stages`, its loss each micro-batch's sum times self.scale."""
+        from torch.distributed.pipelining.schedules import get_schedule_class
 
-        gb = sum(replica_batches)
-        self.scale = 1.0 / gb
+        wl = self.ctx.workload
 
         def loss_fn(out, y):
             return wl.loss_sum(out.float(), y) * self.scale
@@ -148,19 +175,10 @@ class PipelineExecutor:
         kw = {"loss_fn": loss_fn}
         if "scale_grads" in inspect.signature(cls.__init__).parameters:
             kw["scale_grads"] = False  # the loss already carries 1/global_batch (older torch never scaled)
-        self.schedule = cls(stages[0] if v == 1 else stages, microbatches, **kw)
+        self.schedule = cls(stages, microbatches, **kw)
         self._step_kw = {}
         if "return_outputs" in inspect.signature(self.schedule.step).parameters:
             self._step_kw["return_outputs"] = False
-
-        x, y = wl.make_batch(gb, ctx.seed)
-        lo = sum(replica_batches[:replica])
-        hi = lo + replica_batches[replica]
-        self.is_first = 0 in self.stage_ids
-        self.is_last = (n_stages - 1) in self.stage_ids
-        self.x = x[lo:hi].to(ctx.device)
-        self.y = y[lo:hi].to(ctx.device)
-        self.dp_group = dp_group
 
     def load_batch(self, x, y, global_size: int) -> None:
         """Train on this replica's samples (x, y) of a global batch of `global_size` next (hetsim.search.train);
@@ -211,15 +229,7 @@ class PipelineExecutor:
         return peak_breakdown(mt)
 
     def step(self) -> float | None:
-        loss = self._forward_backward()
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=False)
-        return loss
+        return train_step(self.opt, self._forward_backward)
 
     def compute_grads(self) -> dict[str, torch.Tensor]:
-        self.opt.zero_grad(set_to_none=True)
-        self._forward_backward()
-        out: dict[str, torch.Tensor] = {}
-        for seq in self.seqs:
-            out.update(full_grads(seq))
-        return out
+        return grads_of_one_pass(self.opt, self._forward_backward, self.seqs)

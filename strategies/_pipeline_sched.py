@@ -95,6 +95,11 @@ def rank_stages(schedule: str, n_ranks: int, v: int, rank: int) -> tuple[int, ..
     return tuple(s for s in range(n_ranks * v) if stage_rank(schedule, n_ranks, s) == rank)
 
 
+def stage_devices(schedule: str, devices: Sequence[int], n_stages: int) -> tuple[int, ...]:
+    """The device of each stage when `devices` are a pipeline's ranks in order."""
+    return tuple(devices[stage_rank(schedule, len(devices), s)] for s in range(n_stages))
+
+
 # ----------------------------------------------------------------------------- action lists
 
 
@@ -211,53 +216,16 @@ def add_pipeline(g: TaskGraph, cost: CostModel, devices: Sequence[int], boundari
     v = n_stages // n_ranks
     acts = rank_actions(schedule, n_ranks, m, v)
     dev_of = [devices[stage_rank(schedule, n_ranks, s)] for s in range(n_stages)]
-    extra = cost.pipeline_action_s(micro)  # calibrated per compute action (hetsim.search.calibrate.calibrate_pipeline)
-
+    specs = _TaskSpecs(cost, boundaries, dev_of, micro, precision, ckpt, tag)
     # Pass 1: every task as a spec with symbolic dependencies; ids are known before adding.
-    specs: list[tuple[str, str, float, tuple, str]] = []
-    key_of: dict[tuple, int] = {}
-
-    def spec(key, res, kind, dur, deps, label):
-        key_of[key] = len(specs)
-        specs.append((res, kind, dur, deps, label))
-
-    def act_ready(s, j):  # the forward input of stage s for micro-batch j is there
-        return ("xf", s - 1, j) if dev_of[s - 1] != dev_of[s] else ("F", s - 1, j)
-
-    def grad_ready(s, j):  # the output gradient of stage s for micro-batch j is there
-        return ("xb", s + 1, j) if dev_of[s + 1] != dev_of[s] else ("I", s + 1, j)
-
     for r, rank_acts in enumerate(acts):
-        d = devices[r]
-        res = Resource.device(d)
         for a in rank_acts:
-            s, j = a.stage, a.mb
-            lo, hi = boundaries[s], boundaries[s + 1]
-            lbl = f"{tag}{a}"
-            if a.kind == "F":
-                dur = cost.fwd_s(d, lo, hi, micro, precision) + cost.stage_overhead_s(d, lo, hi, micro, precision) + extra
-                spec(("F", s, j), res, TaskKind.FORWARD, dur, (act_ready(s, j),) if s > 0 else (), lbl)
-                if s + 1 < n_stages and dev_of[s + 1] != d:
-                    nbytes = cost.blocks()[hi - 1].out_bytes_per_sample * micro
-                    spec(("xf", s, j), Resource.link(d, dev_of[s + 1]), TaskKind.P2P, cost.p2p_s(nbytes, d, dev_of[s + 1]),
-                         (("F", s, j),), f"{tag}act {s}->{s + 1} mb{j}")
-            elif a.kind in ("B", "I"):
-                bwd = cost.bwd_s(d, lo, hi, micro, precision)
-                share = 1.0 if a.kind == "B" else INPUT_GRAD_FRACTION
-                dur = share * bwd + cost.recompute_s(d, lo, hi, micro, precision, ckpt) + extra
-                deps = (("F", s, j),) + ((grad_ready(s, j),) if s + 1 < n_stages else ())
-                spec(("I", s, j), res, TaskKind.BACKWARD, dur, deps, lbl)
-                if s > 0 and dev_of[s - 1] != d:
-                    nbytes = cost.blocks()[lo - 1].out_bytes_per_sample * micro
-                    spec(("xb", s, j), Resource.link(d, dev_of[s - 1]), TaskKind.P2P, cost.p2p_s(nbytes, d, dev_of[s - 1]),
-                         (("I", s, j),), f"{tag}grad {s}->{s - 1} mb{j}")
-            else:  # W
-                dur = (1.0 - INPUT_GRAD_FRACTION) * cost.bwd_s(d, lo, hi, micro, precision) + extra
-                spec(("W", s, j), res, TaskKind.WEIGHT_GRAD, dur, (("I", s, j),), lbl)
+            specs.action(devices[r], a)
 
     # Pass 2: add them with resolved ids.
+    key_of = specs.key_of
     base = len(g.tasks)
-    for res, kind, dur, deps, label in specs:
+    for res, kind, dur, deps, label in specs.specs:
         g.add(res, kind, dur, [base + key_of[k] for k in deps], label=label)
     last_grad = {}
     for s in range(n_stages):
@@ -267,8 +235,90 @@ def add_pipeline(g: TaskGraph, cost: CostModel, devices: Sequence[int], boundari
     return PipelineTasks(last_grad=last_grad, last=last)
 
 
+class _TaskSpecs:
+    """Pass 1 of `add_pipeline`: each action's compute task and outgoing transfer as a spec keyed
+    (kind, stage, micro-batch), kinds 'F', 'I' (input gradient or full backward), 'W', 'xf'
+    (activation sent on), 'xb' (gradient sent back); dependencies are keys."""
+
+    def __init__(self, cost: CostModel, boundaries: Sequence[int], dev_of: Sequence[int], micro: int,
+                 precision: str, ckpt: int, tag: str):
+        self.cost, self.boundaries, self.dev_of = cost, boundaries, dev_of
+        self.micro, self.precision, self.ckpt, self.tag = micro, precision, ckpt, tag
+        self.n_stages = len(boundaries) - 1
+        self.extra = cost.pipeline_action_s(micro)  # calibrated per compute action (hetsim.search.calibrate.calibrate_pipeline)
+        self.specs: list[tuple[str, str, float, tuple, str]] = []
+        self.key_of: dict[tuple, int] = {}
+
+    def _spec(self, key, res, kind, dur, deps, label) -> None:
+        self.key_of[key] = len(self.specs)
+        self.specs.append((res, kind, dur, deps, label))
+
+    def _act_ready(self, s, j):  # the forward input of stage s for micro-batch j is there
+        return ("xf", s - 1, j) if self.dev_of[s - 1] != self.dev_of[s] else ("F", s - 1, j)
+
+    def _grad_ready(self, s, j):  # the output gradient of stage s for micro-batch j is there
+        return ("xb", s + 1, j) if self.dev_of[s + 1] != self.dev_of[s] else ("I", s + 1, j)
+
+    def action(self, d: int, a: Action) -> None:
+        """The specs of action `a` on device d."""
+        cost, micro, precision, dev_of, tag = self.cost, self.micro, self.precision, self.dev_of, self.tag
+        res = Resource.device(d)
+        s, j = a.stage, a.mb
+        lo, hi = self.boundaries[s], self.boundaries[s + 1]
+        lbl = f"{tag}{a}"
+        if a.kind == "F":
+            dur = cost.fwd_s(d, lo, hi, micro, precision) + cost.stage_overhead_s(d, lo, hi, micro, precision) + self.extra
+            self._spec(("F", s, j), res, TaskKind.FORWARD, dur, (self._act_ready(s, j),) if s > 0 else (), lbl)
+            if s + 1 < self.n_stages and dev_of[s + 1] != d:
+                nbytes = cost.blocks()[hi - 1].out_bytes_per_sample * micro
+                self._spec(("xf", s, j), Resource.link(d, dev_of[s + 1]), TaskKind.P2P,
+                           cost.p2p_s(nbytes, d, dev_of[s + 1]), (("F", s, j),), f"{tag}act {s}->{s + 1} mb{j}")
+        elif a.kind in ("B", "I"):
+            bwd = cost.bwd_s(d, lo, hi, micro, precision)
+            share = 1.0 if a.kind == "B" else INPUT_GRAD_FRACTION
+            dur = share * bwd + cost.recompute_s(d, lo, hi, micro, precision, self.ckpt) + self.extra
+            deps = (("F", s, j),) + ((self._grad_ready(s, j),) if s + 1 < self.n_stages else ())
+            self._spec(("I", s, j), res, TaskKind.BACKWARD, dur, deps, lbl)
+            if s > 0 and dev_of[s - 1] != d:
+                nbytes = cost.blocks()[lo - 1].out_bytes_per_sample * micro
+                self._spec(("xb", s, j), Resource.link(d, dev_of[s - 1]), TaskKind.P2P,
+                           cost.p2p_s(nbytes, d, dev_of[s - 1]), (("I", s, j),), f"{tag}grad {s}->{s - 1} mb{j}")
+        else:  # W
+            dur = (1.0 - INPUT_GRAD_FRACTION) * cost.bwd_s(d, lo, hi, micro, precision) + self.extra
+            self._spec(("W", s, j), res, TaskKind.WEIGHT_GRAD, dur, (("I", s, j),), lbl)
+
+
 def _compute_key(a: Action) -> tuple:
     return ({"F": "F", "B": "I", "I": "I", "W": "W"}[a.kind], a.stage, a.mb)
+
+
+def replicas_graph(cost: CostModel, replica_devices: Sequence[Sequence[int]], boundaries: Sequence[int],
+                   schedule: str, m: int, micros: Sequence[int], precision: str, ckpt: int) -> TaskGraph:
+    """The step of data-parallel replicas of one pipeline (one replica: a plain pipeline), replica i
+    on `replica_devices[i]` with micro-batches of `micros[i]`: each replica's actions (`add_pipeline`),
+    then on each pipeline rank the all-reduce of its stages' gradients across the replicas (none for
+    one replica) and every replica's optimizer step."""
+    g = TaskGraph()
+    R, P = len(replica_devices), len(replica_devices[0])
+    v = (len(boundaries) - 1) // max(1, P)
+    tasks = [add_pipeline(g, cost, replica_devices[i], boundaries, schedule, m, micros[i], precision, ckpt,
+                          tag=f"r{i}:" if R > 1 else "")
+             for i in range(R)]
+    for r in range(P):
+        # Each rank all-reduces its stages' gradients (one flat tensor) after its last action.
+        group = tuple(replica_devices[i][r] for i in range(R))
+        mine = rank_stages(schedule, P, v, r)
+        count = sum(cost.param_count(boundaries[s], boundaries[s + 1]) for s in mine)
+        reduced = []
+        if R > 1:
+            nbytes = sum(cost.param_bytes(boundaries[s], boundaries[s + 1]) for s in mine)
+            reduced.append(g.add(Resource.group(r), TaskKind.ALLREDUCE, cost.allreduce_s(nbytes, group),
+                                 [tasks[i].last[r] for i in range(R)],
+                                 label=f"allreduce stages {','.join(map(str, mine))}"))
+        for i in range(R):
+            d = replica_devices[i][r]
+            g.add(Resource.device(d), TaskKind.OPTIMIZER, cost.opt_s(d, count), [tasks[i].last[r], *reduced], label="opt")
+    return g
 
 
 # ----------------------------------------------------------------------------- memory
@@ -335,6 +385,15 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
             held -= kept[a.stage]
     return MemoryBreakdown(params_bytes=params, grads_bytes=grads, optim_bytes=optim,
                            activations_bytes=int(best[0]), other_bytes=int(best[1]))
+
+
+def replicas_memory(cost: CostModel, schedule: str, n_ranks: int, boundaries: Sequence[int], m: int,
+                    micros: Sequence[int], precision: str, ckpt: int) -> tuple[MemoryBreakdown, ...]:
+    """`rank_memory` of every rank of data-parallel replicas of one pipeline of `n_ranks` ranks,
+    replica by replica (replica i's micro-batches hold `micros[i]` samples)."""
+    acts = rank_actions(schedule, n_ranks, m, (len(boundaries) - 1) // max(1, n_ranks))
+    return tuple(rank_memory(cost, acts[k % n_ranks], boundaries, micros[k // n_ranks], precision, ckpt)
+                 for k in range(n_ranks * len(micros)))
 
 
 def divisors(n: int, cap: int = 64) -> list[int]:

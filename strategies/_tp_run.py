@@ -44,7 +44,7 @@ from hetsim.errors import InfeasiblePlanError
 from hetsim.execution.emulation import Emulator
 
 from ._tp_shards import TransformerDims, dims_from_spec, even_split, offsets, qkv_rows, unit_range
-from .helpers import full_grads
+from .helpers import grads_of_one_pass, train_step
 
 
 class SyncClock:
@@ -266,15 +266,10 @@ class TPExecutor:
         return total
 
     def step(self) -> float:
-        loss = self._forward_backward()
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=False)
-        return loss
+        return train_step(self.opt, self._forward_backward)
 
     def compute_grads(self) -> dict[str, torch.Tensor]:
-        self.opt.zero_grad(set_to_none=True)
-        self._forward_backward()
-        grads = full_grads(self.model)
+        grads = grads_of_one_pass(self.opt, self._forward_backward, [self.model])
         if self.perm is not None:
             return unpermute_qkv(grads, self.dims, self.names, self.perm)
         return assemble_full(grads, self.index, self.tp_group)

@@ -8,6 +8,7 @@ the full-batch gradient whatever the split.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,7 @@ from ._coupled import check_chunks, choose_grad_cache, coupled_gather, coupled_t
 from ._dp_closed import buckets, data_parallel_timing
 from .base import Plan, SearchContext, Strategy, WorkerContext
 from .helpers import (
+    ParamName,
     apply_checkpointing,
     autocast,
     balance_batch,
@@ -29,10 +31,12 @@ from .helpers import (
     choose_accum,
     choose_common,
     choose_devices,
-    full_grads,
+    grads_of_one_pass,
+    knobs_label,
     local_floor,
     min_micro_batch,
     split_evenly,
+    train_step,
     uneven_split,
 )
 
@@ -41,8 +45,26 @@ if TYPE_CHECKING:
 
 
 
+class LocalBatches:
+    """What the plans of the data-parallel families (ddp, zero) derive from their fields
+    `local_batch`, `accum_steps` and `grad_cache_chunks`."""
+
+    @property
+    def global_batch(self) -> int:
+        return sum(self.local_batch)
+
+    @property
+    def chunks(self) -> int:
+        """Micro-steps of a local batch: accumulation steps or gradient-cache chunks (one of them is 1)."""
+        return self.accum_steps * self.grad_cache_chunks
+
+    def micro_batches(self) -> tuple[int, ...]:
+        """Largest micro-batch of each device (what its activations and BatchNorm see)."""
+        return tuple(-(-b // self.chunks) for b in self.local_batch)
+
+
 @dataclass(frozen=True, kw_only=True)
-class DDPPlan(Plan):
+class DDPPlan(LocalBatches, Plan):
     strategy: str = "ddp"
     local_batch: tuple[int, ...]
     """Samples per optimizer step on each plan device (uneven on mismatched devices)."""
@@ -53,14 +75,47 @@ class DDPPlan(Plan):
     per local batch (1: off).  The loss stays the whole global batch's; each chunk's activations
     live alone, at the cost of a second forward (hetsim.strategies._contrastive)."""
 
-    @property
-    def global_batch(self) -> int:
-        return sum(self.local_batch)
 
-    @property
-    def chunks(self) -> int:
-        """Micro-steps of a local batch: accumulation steps or gradient-cache chunks (one of them is 1)."""
-        return self.accum_steps * self.grad_cache_chunks
+def choose_local_batches(trial, ctx: SearchContext, name: ParamName, devices: tuple[int, ...], precision: str, ckpt: int,
+                         memory_of: Callable[[int, int, object], MemoryBreakdown]) -> tuple[int, int, tuple[int, ...]]:
+    """(accumulation steps, gradient-cache chunks, each device's local batch) of a ddp or zero plan:
+    the two knobs suggested, then the exact min-max batch split under the memory caps, where
+    `memory_of(device, micro-batch, coupled terms)` is the family's memory model."""
+    accum = choose_accum(trial, ctx, name)
+    gc = choose_grad_cache(trial, ctx, name)
+    chunks = accum * gc
+    cost = ctx.cost
+
+    def memory_fn(dev: int, micro: int) -> MemoryBreakdown:
+        return memory_of(dev, micro, coupled_terms(cost, ctx.global_batch, micro * chunks, gc > 1))
+
+    local = balance_batch(cost, devices, ctx.global_batch, chunks, precision, ckpt, local_floor(ctx, chunks),
+                          memory_fn=memory_fn, grad_cache=gc > 1)
+    return accum, gc, local
+
+
+def check_local_batches(plan: DDPPlan, cost, family: str) -> None:
+    """A ddp or zero plan gives one local batch per device, each at least accum_steps, and its
+    accumulation or gradient-cache chunks suit the workload."""
+    if len(plan.local_batch) != len(plan.devices):
+        raise InfeasiblePlanError(
+            f"{family} plan has {len(plan.local_batch)} local batches for {len(plan.devices)} devices; give one per device"
+        )
+    if plan.accum_steps < 1 or min(plan.local_batch) < plan.accum_steps:
+        raise InfeasiblePlanError(
+            f"{family} plan local batches {list(plan.local_batch)} must each be >= accum_steps ({plan.accum_steps})"
+        )
+    check_chunks(plan, cost, family)
+
+
+def local_batches_label(plan: DDPPlan) -> str:
+    """The end of a ddp or zero plan's label: accumulation, gradient cache, precision, checkpointing."""
+    s = ""
+    if plan.accum_steps > 1:
+        s += f" accum {plan.accum_steps}"
+    if plan.grad_cache_chunks > 1:
+        s += f" grad-cache {plan.grad_cache_chunks}"
+    return s + knobs_label(plan)
 
 
 def data_parallel_graph(cost: CostModel, devices: tuple[int, ...], local_batch: tuple[int, ...], accum: int,
@@ -117,17 +172,11 @@ class DDP(Strategy):
     def space(self, trial, ctx: SearchContext) -> DDPPlan:
         devices = choose_devices(trial, ctx, self.param)
         precision, ckpt = choose_common(trial, ctx, devices, self.param)
-        accum = choose_accum(trial, ctx, self.param)
-        gc = choose_grad_cache(trial, ctx, self.param)
-        chunks = accum * gc
-        cost = ctx.cost
 
-        def memory_of(dev: int, micro: int) -> MemoryBreakdown:
-            return data_parallel_memory(cost, dev, micro, precision, ckpt,
-                                        coupled=coupled_terms(cost, ctx.global_batch, micro * chunks, gc > 1))
+        def memory_of(dev: int, micro: int, coupled) -> MemoryBreakdown:
+            return data_parallel_memory(ctx.cost, dev, micro, precision, ckpt, coupled=coupled)
 
-        local = balance_batch(cost, devices, ctx.global_batch, chunks, precision, ckpt, local_floor(ctx, chunks),
-                              memory_fn=memory_of, grad_cache=gc > 1)
+        accum, gc, local = choose_local_batches(trial, ctx, self.param, devices, precision, ckpt, memory_of)
         return DDPPlan(devices=devices, local_batch=local, accum_steps=accum, grad_cache_chunks=gc,
                        precision=precision, checkpoint_blocks=ckpt)
 
@@ -150,31 +199,13 @@ class DDP(Strategy):
 
     def validate(self, plan: DDPPlan, cost) -> None:
         super().validate(plan, cost)
-        if len(plan.local_batch) != len(plan.devices):
-            raise InfeasiblePlanError(
-                f"ddp plan has {len(plan.local_batch)} local batches for {len(plan.devices)} devices; give one per device"
-            )
-        if plan.accum_steps < 1 or min(plan.local_batch) < plan.accum_steps:
-            raise InfeasiblePlanError(
-                f"ddp plan local batches {list(plan.local_batch)} must each be >= accum_steps ({plan.accum_steps})"
-            )
-        check_chunks(plan, cost, "ddp")
+        check_local_batches(plan, cost, "ddp")
 
     def label(self, plan: DDPPlan) -> str:
-        s = f"ddp {'/'.join(map(str, plan.local_batch))} on dev {','.join(map(str, plan.devices))}"
-        if plan.accum_steps > 1:
-            s += f" accum {plan.accum_steps}"
-        if plan.grad_cache_chunks > 1:
-            s += f" grad-cache {plan.grad_cache_chunks}"
-        if plan.precision != "fp32":
-            s += f" {plan.precision}"
-        if plan.checkpoint_blocks:
-            s += f" ckpt {plan.checkpoint_blocks}"
-        return s
+        return f"ddp {'/'.join(map(str, plan.local_batch))} on dev {','.join(map(str, plan.devices))}" + local_batches_label(plan)
 
     def warnings(self, plan: DDPPlan, cost) -> tuple[str, ...]:
-        micro = tuple(-(-b // plan.chunks) for b in plan.local_batch)
-        msg = batchnorm_warning(cost, plan.devices, micro)
+        msg = batchnorm_warning(cost, plan.devices, plan.micro_batches())
         return (msg,) if msg else ()
 
     def step_timing(self, plan: DDPPlan, cost) -> StepTiming | None:
@@ -279,21 +310,10 @@ class DataParallelExecutor:
         return float(loss.detach())
 
     def step(self) -> float:
-        loss = self._forward_backward()
-        if self.scaler:
-            self.scaler.step(self.stepper)
-            self.scaler.update()
-        else:
-            self.stepper.step()
-        # Gradients stay allocated between steps (as ddp's): the measured peak holds them throughout.
-        self.stepper.zero_grad(set_to_none=False)
-        return loss
+        return train_step(self.stepper, self._forward_backward, self.scaler)
 
     def compute_grads(self):
-
-        self.stepper.zero_grad(set_to_none=True)
-        self._forward_backward()
-        return full_grads(self.model)
+        return grads_of_one_pass(self.stepper, self._forward_backward, [self.model])
 
 
 

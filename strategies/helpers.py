@@ -12,13 +12,15 @@ names its search parameters and builds its model by the same rules:
 - search memo: `memo_solve` (an exact inner solver once per outer choice);
 - rules: `min_micro_batch` (BatchNorm needs two samples per micro-batch), `batchnorm_warning`,
   `precision_ok`;
+- labels: `knobs_label` (a plan's precision and checkpointing, as every label ends);
 - real runs: `apply_checkpointing`, `autocast` (hetsim.workloads.precision's, re-exported),
-  `full_grads`, `clean_name`.
+  `full_grads`, `clean_name`, and an executor's `step` and `compute_grads` around its own forward
+  and backward: `train_step`, `grads_of_one_pass`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -53,6 +55,8 @@ __all__ = [
     "choose_devices",
     "clean_name",
     "full_grads",
+    "grads_of_one_pass",
+    "knobs_label",
     "local_floor",
     "memo_solve",
     "min_max_split",
@@ -61,6 +65,7 @@ __all__ = [
     "param",
     "precision_ok",
     "split_evenly",
+    "train_step",
     "uneven_split",
 ]
 
@@ -130,6 +135,16 @@ def precision_ok(cost: CostModel, dev: int, precision: str) -> bool:
     if precision == "fp16":
         return d.backend != "emulated"  # fp16 autocast with loss scaling is CUDA-only
     return True
+
+
+def knobs_label(plan: Plan) -> str:
+    """The end of a plan's label: its precision unless fp32, its checkpointed blocks unless none."""
+    s = ""
+    if plan.precision != "fp32":
+        s += f" {plan.precision}"
+    if plan.checkpoint_blocks:
+        s += f" ckpt {plan.checkpoint_blocks}"
+    return s
 
 
 # ----------------------------------------------------------------------------- batch splits
@@ -256,6 +271,32 @@ def full_grads(model: nn.Module) -> dict[str, torch.Tensor]:
         if hasattr(g, "full_tensor"):  # DTensor (FSDP2)
             g = g.full_tensor()
         out[clean_name(name)] = g.detach().clone()
+    return out
+
+
+def train_step(opt, forward_backward: Callable[[], float | None], scaler=None) -> float | None:
+    """An executor's `step`: `forward_backward()`, the optimizer step (through `scaler`, a GradScaler,
+    when given), then the gradients zeroed but kept allocated, so that a step's measured peak holds
+    them throughout.  Returns forward_backward's loss."""
+    loss = forward_backward()
+    if scaler is not None:
+        scaler.step(opt)
+        scaler.update()
+    else:
+        opt.step()
+    opt.zero_grad(set_to_none=False)
+    return loss
+
+
+def grads_of_one_pass(opt, forward_backward: Callable[[], object],
+                      modules: Sequence[nn.Module]) -> dict[str, torch.Tensor]:
+    """An executor's `compute_grads`: gradients dropped, one `forward_backward()`, no optimizer step;
+    the `full_grads` of every module in `modules`, merged."""
+    opt.zero_grad(set_to_none=True)
+    forward_backward()
+    out: dict[str, torch.Tensor] = {}
+    for module in modules:
+        out.update(full_grads(module))
     return out
 
 

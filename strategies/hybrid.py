@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hetsim.errors import InfeasiblePlanError
-from hetsim.model.simulator import Resource, TaskGraph, TaskKind
+from hetsim.model.simulator import TaskGraph
 from hetsim.types import MemoryBreakdown
 
 from . import register
@@ -33,22 +33,22 @@ from ._pipeline_bounds import (
 )
 from ._pipeline_run import PipelineExecutor
 from ._pipeline_sched import (
-    add_pipeline,
     divisors,
     inflight_counts,
     rank_actions,
-    rank_memory,
-    rank_stages,
+    replicas_graph,
+    replicas_memory,
+    stage_devices,
     stage_rank,
 )
 from .base import Plan, SearchContext, Strategy, WorkerContext
-from .helpers import choose_common, memo_solve, min_micro_batch
+from .helpers import choose_common, knobs_label, memo_solve, min_micro_batch
 from .pipeline import (
+    PipelineStages,
     check_common,
     choose_microbatches,
     choose_schedule,
     choose_stages_per_rank,
-    knobs_label,
     ordered_devices,
     stages_label,
 )
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from hetsim.model.costmodel import CostModel
 
 @dataclass(frozen=True, kw_only=True)
-class HybridPlan(Plan):
+class HybridPlan(PipelineStages, Plan):
     strategy: str = "hybrid"
     replicas: int
     """Data-parallel replicas; devices[i * P + r] is replica i's pipeline rank r (P = devices / replicas)."""
@@ -78,14 +78,6 @@ class HybridPlan(Plan):
     def pipeline_ranks(self) -> int:
         return len(self.devices) // max(1, self.replicas)
 
-    @property
-    def n_stages(self) -> int:
-        return len(self.boundaries) - 1
-
-    @property
-    def stages_per_rank(self) -> int:
-        return self.n_stages // max(1, self.pipeline_ranks)
-
     def replica_devices(self, i: int) -> tuple[int, ...]:
         P = self.pipeline_ranks
         return self.devices[i * P:(i + 1) * P]
@@ -97,10 +89,6 @@ class HybridPlan(Plan):
 def shapes(n_devices: int, n_blocks: int) -> list[tuple[int, int]]:
     """(replicas, pipeline ranks) with at least 2 of each that fit the cluster and the model's blocks."""
     return [(r, p) for p in range(2, min(n_devices, n_blocks) + 1) for r in range(2, n_devices // p + 1)]
-
-
-def _stage_devices(schedule: str, devs: tuple[int, ...], n_stages: int) -> tuple[int, ...]:
-    return tuple(devs[stage_rank(schedule, len(devs), s)] for s in range(n_stages))
 
 
 def _tail(cost: CostModel, group: tuple[int, ...]):
@@ -204,7 +192,7 @@ class Hybrid(Strategy):
             raise InfeasiblePlanError(f"global batch {global_batch} does not divide into {m} micro-batches")
         acts = rank_actions(schedule, P, m, v)
         inflight = inflight_counts(acts, n_stages)
-        lanes_devs = [_stage_devices(schedule, devices[i * P:(i + 1) * P], n_stages) for i in range(R)]
+        lanes_devs = [stage_devices(schedule, devices[i * P:(i + 1) * P], n_stages) for i in range(R)]
         tail = _tail(cost, tuple(devices[i * P] for i in range(R)))
         units = global_batch // m
         split = tuple(m * (units // R + (1 if i < units % R else 0)) for i in range(R))
@@ -281,33 +269,14 @@ class Hybrid(Strategy):
                 f"{{{reps}}}{knobs_label(plan)}")
 
     def graph(self, plan: HybridPlan, cost) -> TaskGraph:
-        g = TaskGraph()
-        P, R, m = plan.pipeline_ranks, plan.replicas, plan.microbatches
-        tasks = [add_pipeline(g, cost, plan.replica_devices(i), plan.boundaries, plan.schedule, m,
-                              plan.replica_batch[i] // m, plan.precision, plan.checkpoint_blocks,
-                              tag=f"r{i}:" if R > 1 else "")
-                 for i in range(R)]
-        for r in range(P):
-            # Each rank all-reduces its stages' gradients (one flat tensor) after its last action.
-            group = tuple(plan.replica_devices(i)[r] for i in range(R))
-            mine = rank_stages(plan.schedule, P, plan.stages_per_rank, r)
-            count = sum(cost.param_count(plan.boundaries[s], plan.boundaries[s + 1]) for s in mine)
-            reduced = []
-            if R > 1:
-                nbytes = sum(cost.param_bytes(plan.boundaries[s], plan.boundaries[s + 1]) for s in mine)
-                reduced.append(g.add(Resource.group(r), TaskKind.ALLREDUCE, cost.allreduce_s(nbytes, group),
-                                     [tasks[i].last[r] for i in range(R)],
-                                     label=f"allreduce stages {','.join(map(str, mine))}"))
-            for i in range(R):
-                d = plan.replica_devices(i)[r]
-                g.add(Resource.device(d), TaskKind.OPTIMIZER, cost.opt_s(d, count), [tasks[i].last[r], *reduced], label="opt")
-        return g
+        return replicas_graph(cost, [plan.replica_devices(i) for i in range(plan.replicas)], plan.boundaries,
+                              plan.schedule, plan.microbatches, [b // plan.microbatches for b in plan.replica_batch],
+                              plan.precision, plan.checkpoint_blocks)
 
     def memory(self, plan: HybridPlan, cost) -> tuple[MemoryBreakdown, ...]:
-        P, m = plan.pipeline_ranks, plan.microbatches
-        acts = rank_actions(plan.schedule, P, m, plan.stages_per_rank)
-        return tuple(rank_memory(cost, acts[k % P], plan.boundaries, plan.replica_batch[k // P] // m,
-                                 plan.precision, plan.checkpoint_blocks) for k in range(len(plan.devices)))
+        return replicas_memory(cost, plan.schedule, plan.pipeline_ranks, plan.boundaries, plan.microbatches,
+                               [b // plan.microbatches for b in plan.replica_batch], plan.precision,
+                               plan.checkpoint_blocks)
 
     def executor(self, plan: HybridPlan, ctx: WorkerContext):
 

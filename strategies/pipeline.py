@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from hetsim.errors import InfeasiblePlanError
 from hetsim.hardware.cluster import interchangeable_groups
-from hetsim.model.simulator import Resource, TaskGraph, TaskKind
+from hetsim.model.simulator import TaskGraph
 from hetsim.types import MemoryBreakdown
 
 from . import register
@@ -37,25 +37,38 @@ from ._pipeline_run import PipelineExecutor
 from ._pipeline_sched import (
     SINGLE_STAGE,
     V_SHAPED,
-    add_pipeline,
     available_schedules,
     check_schedule,
     divisors,
     inflight_counts,
     rank_actions,
-    rank_memory,
-    rank_stages,
+    replicas_graph,
+    replicas_memory,
+    stage_devices,
     stage_rank,
 )
 from .base import Plan, SearchContext, Strategy, WorkerContext
-from .helpers import ParamName, choose_common, memo_solve, min_micro_batch
+from .helpers import ParamName, choose_common, knobs_label, memo_solve, min_micro_batch
 
 if TYPE_CHECKING:
     from hetsim.model.costmodel import CostModel
 
 
+class PipelineStages:
+    """What the plans of the pipeline families (pipeline, hybrid) derive from their `boundaries`
+    and `pipeline_ranks`."""
+
+    @property
+    def n_stages(self) -> int:
+        return len(self.boundaries) - 1
+
+    @property
+    def stages_per_rank(self) -> int:
+        return self.n_stages // max(1, self.pipeline_ranks)
+
+
 @dataclass(frozen=True, kw_only=True)
-class PipelinePlan(Plan):
+class PipelinePlan(PipelineStages, Plan):
     strategy: str = "pipeline"
     boundaries: tuple[int, ...]
     """Stage s runs blocks boundaries[s] .. boundaries[s+1]-1: from 0 to the model's block count,
@@ -73,12 +86,8 @@ class PipelinePlan(Plan):
         return self.batch
 
     @property
-    def n_stages(self) -> int:
-        return len(self.boundaries) - 1
-
-    @property
-    def stages_per_rank(self) -> int:
-        return self.n_stages // max(1, len(self.devices))
+    def pipeline_ranks(self) -> int:
+        return len(self.devices)
 
     @property
     def micro_batch(self) -> int:
@@ -194,15 +203,6 @@ def stages_label(plan, devices_of_stage) -> str:
     return " ".join(f"[{b[s]}:{b[s + 1]}]@dev{devices_of_stage(s)}" for s in range(len(b) - 1))
 
 
-def knobs_label(plan) -> str:
-    s = ""
-    if plan.precision != "fp32":
-        s += f" {plan.precision}"
-    if plan.checkpoint_blocks:
-        s += f" ckpt {plan.checkpoint_blocks}"
-    return s
-
-
 # ----------------------------------------------------------------------------- the family
 
 
@@ -240,7 +240,7 @@ class Pipeline(Strategy):
         if microbatches < 1 or batch % microbatches:
             raise InfeasiblePlanError(f"batch {batch} does not divide into {microbatches} micro-batches")
         acts = rank_actions(schedule, n_ranks, microbatches, stages_per_rank)
-        stage_devs = tuple(devices[stage_rank(schedule, n_ranks, s)] for s in range(n_stages))
+        stage_devs = stage_devices(schedule, devices, n_stages)
         bounds = solve_boundaries(cost, [Lane(stage_devs, batch // microbatches)], n_stages, microbatches,
                                   precision, checkpoint_blocks, inflight_counts(acts, n_stages),
                                   v=stages_per_rank, tail_s=optimizer_tail(cost))
@@ -291,20 +291,12 @@ class Pipeline(Strategy):
         return f"{head} {stages_label(plan, plan.stage_device)}{knobs_label(plan)}"
 
     def graph(self, plan: PipelinePlan, cost) -> TaskGraph:
-        g = TaskGraph()
-        tasks = add_pipeline(g, cost, plan.devices, plan.boundaries, plan.schedule, plan.microbatches,
-                             plan.micro_batch, plan.precision, plan.checkpoint_blocks)
-        P = len(plan.devices)
-        for r, d in enumerate(plan.devices):
-            count = sum(cost.param_count(plan.boundaries[s], plan.boundaries[s + 1])
-                        for s in rank_stages(plan.schedule, P, plan.stages_per_rank, r))
-            g.add(Resource.device(d), TaskKind.OPTIMIZER, cost.opt_s(d, count), [tasks.last[r]], label="opt")
-        return g
+        return replicas_graph(cost, [plan.devices], plan.boundaries, plan.schedule, plan.microbatches,
+                              [plan.micro_batch], plan.precision, plan.checkpoint_blocks)
 
     def memory(self, plan: PipelinePlan, cost) -> tuple[MemoryBreakdown, ...]:
-        acts = rank_actions(plan.schedule, len(plan.devices), plan.microbatches, plan.stages_per_rank)
-        return tuple(rank_memory(cost, acts[r], plan.boundaries, plan.micro_batch, plan.precision,
-                                 plan.checkpoint_blocks) for r in range(len(plan.devices)))
+        return replicas_memory(cost, plan.schedule, len(plan.devices), plan.boundaries, plan.microbatches,
+                               [plan.micro_batch], plan.precision, plan.checkpoint_blocks)
 
     def executor(self, plan: PipelinePlan, ctx: WorkerContext):
 

@@ -27,18 +27,22 @@ from hetsim.model.simulator import StepTiming, TaskGraph
 from hetsim.types import MemoryBreakdown
 
 from . import register
-from ._coupled import check_chunks, choose_grad_cache, coupled_terms
+from ._coupled import coupled_terms
 from ._dp_closed import data_parallel_timing
 from ._zero_graph import sharded_graph, zero1_graph
 from .base import Plan, SearchContext, Strategy, WorkerContext
-from .ddp import DataParallelExecutor, DDPExecutor
+from .ddp import (
+    DataParallelExecutor,
+    DDPExecutor,
+    LocalBatches,
+    check_local_batches,
+    choose_local_batches,
+    local_batches_label,
+)
 from .helpers import (
-    balance_batch,
     batchnorm_warning,
-    choose_accum,
     choose_common,
     choose_devices,
-    local_floor,
     precision_ok,
     split_evenly,
     uneven_split,
@@ -51,7 +55,7 @@ STAGES = (1, 2, 3)
 
 
 @dataclass(frozen=True, kw_only=True)
-class ZeROPlan(Plan):
+class ZeROPlan(LocalBatches, Plan):
     strategy: str = "zero"
     local_batch: tuple[int, ...]
     """Samples per optimizer step on each plan device (uneven on mismatched devices)."""
@@ -63,19 +67,6 @@ class ZeROPlan(Plan):
     """Stages 2 and 3: sharded parameters, gradients and optimizer state in host memory (CPUOffloadPolicy)."""
     grad_cache_chunks: int = 1
     """Batch-coupled losses only, in place of accumulation: gradient-cache chunks per local batch (ddp's)."""
-
-    @property
-    def global_batch(self) -> int:
-        return sum(self.local_batch)
-
-    @property
-    def chunks(self) -> int:
-        """Micro-steps of a local batch: accumulation steps or gradient-cache chunks (one of them is 1)."""
-        return self.accum_steps * self.grad_cache_chunks
-
-    def micro_batches(self) -> tuple[int, ...]:
-        """Largest micro-batch of each device (what its activations and BatchNorm see)."""
-        return tuple(-(-b // self.chunks) for b in self.local_batch)
 
 
 @register
@@ -94,18 +85,12 @@ class ZeRO(Strategy):
         offload = stage >= 2 and trial.suggest_categorical(self.param("offload"), [False, True])
         if len(devices) == 1 and not offload:
             raise InfeasiblePlanError("zero on one device shards nothing: that plan is ddp's (or offload it)")
-        accum = choose_accum(trial, ctx, self.param)
-        gc = choose_grad_cache(trial, ctx, self.param)
-        chunks = accum * gc
-        cost = ctx.cost
 
-        def memory_of(dev: int, micro: int) -> MemoryBreakdown:
-            return data_parallel_memory(cost, dev, micro, precision, ckpt, shards=len(devices), zero_stage=stage,
-                                        offload=offload, rank=devices.index(dev),
-                                        coupled=coupled_terms(cost, ctx.global_batch, micro * chunks, gc > 1))
+        def memory_of(dev: int, micro: int, coupled) -> MemoryBreakdown:
+            return data_parallel_memory(ctx.cost, dev, micro, precision, ckpt, shards=len(devices), zero_stage=stage,
+                                        offload=offload, rank=devices.index(dev), coupled=coupled)
 
-        local = balance_batch(cost, devices, ctx.global_batch, chunks, precision, ckpt, local_floor(ctx, chunks),
-                              memory_fn=memory_of, grad_cache=gc > 1)
+        accum, gc, local = choose_local_batches(trial, ctx, self.param, devices, precision, ckpt, memory_of)
         return ZeROPlan(devices=devices, local_batch=local, accum_steps=accum, grad_cache_chunks=gc,
                         precision=precision, checkpoint_blocks=ckpt, zero_stage=stage, offload=offload)
 
@@ -136,15 +121,7 @@ class ZeRO(Strategy):
 
     def validate(self, plan: ZeROPlan, cost) -> None:
         super().validate(plan, cost)
-        if len(plan.local_batch) != len(plan.devices):
-            raise InfeasiblePlanError(
-                f"zero plan has {len(plan.local_batch)} local batches for {len(plan.devices)} devices; give one per device"
-            )
-        if plan.accum_steps < 1 or min(plan.local_batch) < plan.accum_steps:
-            raise InfeasiblePlanError(
-                f"zero plan local batches {list(plan.local_batch)} must each be >= accum_steps ({plan.accum_steps})"
-            )
-        check_chunks(plan, cost, "zero")
+        check_local_batches(plan, cost, "zero")
         if cost.facts.has_batchnorm and min(b // plan.accum_steps for b in plan.local_batch) < 2:
             raise InfeasiblePlanError(
                 f"zero plan local batches {list(plan.local_batch)} in {plan.accum_steps} micro-steps give a "
@@ -174,16 +151,7 @@ class ZeRO(Strategy):
 
     def label(self, plan: ZeROPlan) -> str:
         s = f"zero{plan.zero_stage}{' offload' if plan.offload else ''} {'/'.join(map(str, plan.local_batch))}"
-        s += f" on dev {','.join(map(str, plan.devices))}"
-        if plan.accum_steps > 1:
-            s += f" accum {plan.accum_steps}"
-        if plan.grad_cache_chunks > 1:
-            s += f" grad-cache {plan.grad_cache_chunks}"
-        if plan.precision != "fp32":
-            s += f" {plan.precision}"
-        if plan.checkpoint_blocks:
-            s += f" ckpt {plan.checkpoint_blocks}"
-        return s
+        return s + f" on dev {','.join(map(str, plan.devices))}" + local_batches_label(plan)
 
     def warnings(self, plan: ZeROPlan, cost: CostModel) -> tuple[str, ...]:
         msg = batchnorm_warning(cost, plan.devices, plan.micro_batches())

@@ -144,42 +144,11 @@ def run_job(job: Job, build_executor: BuildExecutor) -> RankResult:
     wl = workload_from_spec(job.workload, job.optimizer)
     ex = build_executor(job, RankEnv(rank=rank, world_size=world, device=device, workload=wl, emulator=emulator,
                                      backend=backend))
-
     if job.task == "grads":
-        grads = ex.compute_grads()
-        ref = _reference_grads(wl, job.global_batch, job.seed)
-        err = 0.0
-        for name, g in grads.items():
-            r = ref[name]
-            err = max(err, float((g.float() - r).norm() / (r.norm() + 1e-12)))
-        return RankResult(rank=rank, status="ok", grad_rel_err=err, grad_names=tuple(sorted(grads)))
+        return _grads_result(ex, wl, job, rank)
 
-    losses: list[float] = []
-
-    def checked_step(i: int) -> None:
-        _inject(job.fault, rank, i)
-        loss = ex.step()
-        if job.fault is not None and job.fault.kind == "nan" and job.fault.rank == rank and i >= job.fault.at_step:
-            loss = float("nan")
-        if loss is not None:
-            losses.append(float(loss))
-            if not math.isfinite(float(loss)):
-                raise FloatingPointError(f"non-finite loss {loss} at step {i} on rank {rank}")
-
-    # Step 0 warms up (the optimizer creates its state lazily); step 1 is instrumented for
-    # memory, so its peak holds the steady state: parameters, gradients, optimizer state and
-    # the activations of a step all at once.  Timing comes from the uninstrumented steps.
-    model = getattr(ex, "model", None)
-    opt = getattr(ex, "opt", None)
-    checked_step(0)
-    if emulator is not None:
-        emulator.enabled = False
-    # An executor whose step MemTracker's per-module attribution cannot follow (pipeline schedules
-    # call each stage once per micro-batch, zero-bubble ones run autograd.grad) measures itself.
-    own = getattr(ex, "measure_memory", None)
-    mem = own(lambda: checked_step(1)) if own is not None else measure_step(lambda: checked_step(1), model, opt, device)
-    if emulator is not None:
-        emulator.enabled = True
+    step = _CheckedStep(ex, job.fault, rank)
+    mem = _memory_of_a_step(ex, step, emulator, device)
     if job.fault is not None and job.fault.kind == "oom" and job.fault.rank == rank:
         mem = MemoryBreakdown(other_bytes=int(dev["memory_bytes"]) + 2**20)  # 1 MiB over the cap
     if emulator is not None:
@@ -187,17 +156,83 @@ def run_job(job: Job, build_executor: BuildExecutor) -> RankResult:
             emulator.check_memory(mem.total_bytes)
         except EmulatedOutOfMemoryError as e:
             return RankResult(rank=rank, status="oom", memory=mem, error=str(e), failed_at_s=time.time())
-    for i in range(2, job.warmup):
-        checked_step(i)
+    _warm_up(step, job.warmup, device)
+    times, probes, starts = _timed_steps(step, job, device)
+    return RankResult(rank=rank, status="ok", step_s=tuple(times), probe_s=tuple(probes), memory=mem,
+                      losses=tuple(step.losses), step_starts_s=tuple(starts))
+
+
+def _grads_result(ex, wl: Workload, job: Job, rank: int) -> RankResult:
+    """This rank's gradients against the single-process reference: the largest relative error."""
+    grads = ex.compute_grads()
+    ref = _reference_grads(wl, job.global_batch, job.seed)
+    err = 0.0
+    for name, g in grads.items():
+        r = ref[name]
+        err = max(err, float((g.float() - r).norm() / (r.norm() + 1e-12)))
+    return RankResult(rank=rank, status="ok", grad_rel_err=err, grad_names=tuple(sorted(grads)))
+
+
+class _CheckedStep:
+    """The executor's step i with the job's injected fault, its loss kept and checked finite."""
+
+    def __init__(self, ex, fault: Fault | None, rank: int):
+        self.ex, self.fault, self.rank = ex, fault, rank
+        self.losses: list[float] = []
+
+    def __call__(self, i: int) -> None:
+        fault, rank = self.fault, self.rank
+        _inject(fault, rank, i)
+        loss = self.ex.step()
+        if fault is not None and fault.kind == "nan" and fault.rank == rank and i >= fault.at_step:
+            loss = float("nan")
+        if loss is not None:
+            self.losses.append(float(loss))
+            if not math.isfinite(float(loss)):
+                raise FloatingPointError(f"non-finite loss {loss} at step {i} on rank {rank}")
+
+
+def _memory_of_a_step(ex, step: _CheckedStep, emulator: Emulator | None, device) -> MemoryBreakdown:
+    """Steps 0 and 1, step 1 instrumented for memory (unthrottled); its peak by category."""
+    # Step 0 warms up (the optimizer creates its state lazily); step 1 is instrumented for
+    # memory, so its peak holds the steady state: parameters, gradients, optimizer state and
+    # the activations of a step all at once.  Timing comes from the uninstrumented steps.
+    model = getattr(ex, "model", None)
+    opt = getattr(ex, "opt", None)
+    step(0)
+    if emulator is not None:
+        emulator.enabled = False
+    # An executor whose step MemTracker's per-module attribution cannot follow (pipeline schedules
+    # call each stage once per micro-batch, zero-bubble ones run autograd.grad) measures itself.
+    own = getattr(ex, "measure_memory", None)
+    mem = own(lambda: step(1)) if own is not None else measure_step(lambda: step(1), model, opt, device)
+    if emulator is not None:
+        emulator.enabled = True
+    return mem
+
+
+def _warm_up(step: _CheckedStep, warmup: int, device) -> None:
+    """The untimed steps after step 1; on a GPU, more of them for CUDA_WARMUP_S."""
+    import torch
+
+    for i in range(2, warmup):
+        step(i)
     if device.type == "cuda":
         # A GPU idles at a low clock and ramps up under load: measured on an H200, the first timed
         # steps of a 3-step warm-up ran 10-20% slower than later ones.  Warm up for a time instead.
         t_end = time.perf_counter() + CUDA_WARMUP_S
         for _ in range(200):
-            checked_step(-1)
+            step(-1)
             torch.cuda.synchronize(device)
             if time.perf_counter() >= t_end:
                 break
+
+
+def _timed_steps(step: _CheckedStep, job: Job, device) -> tuple[list[float], list[float], list[float]]:
+    """The job's timed steps after a barrier: (durations, host probes, start times)."""
+    import torch
+    import torch.distributed as dist
+
     probe = None
     if job.probe and device.type == "cpu":
         probe = HostProbe()
@@ -209,13 +244,12 @@ def run_job(job: Job, build_executor: BuildExecutor) -> RankResult:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t = time.perf_counter()
-        checked_step(job.warmup + i)
+        step(job.warmup + i)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - t)
         starts.append(t)
-    return RankResult(rank=rank, status="ok", step_s=tuple(times), probe_s=tuple(probes), memory=mem,
-                      losses=tuple(losses), step_starts_s=tuple(starts))
+    return times, probes, starts
 
 
 def _reference_grads(wl, global_batch: int, seed: int):

@@ -10,6 +10,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -136,6 +137,43 @@ def _saved_bytes(fn: Callable[[], torch.Tensor], exclude: set[int]) -> tuple[tor
     return out, sum(seen.values())
 
 
+@dataclass
+class _Measured:
+    """What `profile_model` times and counts, gathered over its precisions and micro-batches."""
+
+    workload: Workload
+    device: torch.device
+    reps: int
+    blocks: list[tuple[str, nn.Module]]
+    param_ptrs: set[int]
+    probe: HostProbe | None
+    """On a CPU every timing is taken beside a host-speed probe and kept at the profile's reference
+    speed (hetsim.profiling.hostspeed): the host's slow and fast phases would otherwise bend the fits."""
+    times: dict[str, list[list[tuple[float, float, float]]]]
+    """Per precision, per block: (forward, backward, probe) at each micro-batch."""
+    acts: dict[str, list[list[float]]]
+    out_bytes: list[int]
+    flops: list[float]
+    fulls: list[tuple[float, float, int]] = field(default_factory=list)
+    """Whole-model time, its probe, the index of its micro-batch."""
+    full_spreads: list[float] = field(default_factory=list)
+    """Relative MAD of each whole-model timing's repetitions."""
+    probes: list[float] = field(default_factory=list)
+    input_bytes: int = 0
+    ref: float = 0.0
+    """The reference probe time (set once everything is measured)."""
+
+    def probed(self, fn: Callable[[], object]) -> tuple[list[float], float]:
+        """Every repetition's time and the host probe taken just before them."""
+        p = self.probe() if self.probe is not None else 0.0
+        self.probes.append(p)
+        return _times(fn, self.device, self.reps), p
+
+    def at(self, t: float, p: float) -> float:
+        """Time t, taken beside probe p, at the reference host speed."""
+        return at_ref([t], [p], self.ref)[0]
+
+
 def profile_model(
     workload: Workload,
     kind: str,
@@ -149,116 +187,27 @@ def profile_model(
     parameter, activation and output bytes; optimizer step time vs parameter count."""
     model = workload.model().to(device)
     blocks = list(model.named_children())
-    param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    times: dict[str, list[list[tuple[float, float]]]] = {p: [[] for _ in blocks] for p in precisions}
-    acts: dict[str, list[list[float]]] = {p: [[] for _ in blocks] for p in precisions}
-    out_bytes = [0] * len(blocks)
-    flops = [0.0] * len(blocks)
-    fulls: list[tuple[float, float, int]] = []  # whole-model time, its probe, the index of its micro-batch
-    full_spreads: list[float] = []  # relative MAD of each whole-model timing's repetitions
-    input_bytes = 0
-    # On a CPU every timing is taken beside a host-speed probe and kept at the profile's reference
-    # speed (hetsim.profiling.hostspeed): the host's slow and fast phases would otherwise bend the fits.
-    probe = HostProbe() if device.type == "cpu" else None
-    probes: list[float] = []
-
-    def probed(fn, reps: int) -> tuple[list[float], float]:
-        """Every repetition's time and the host probe taken just before them."""
-        p = probe() if probe is not None else 0.0
-        probes.append(p)
-        return _times(fn, device, reps), p
-
+    m = _Measured(
+        workload=workload, device=device, reps=reps, blocks=blocks,
+        param_ptrs={p.untyped_storage().data_ptr() for p in model.parameters()},
+        probe=HostProbe() if device.type == "cpu" else None,
+        times={p: [[] for _ in blocks] for p in precisions}, acts={p: [[] for _ in blocks] for p in precisions},
+        out_bytes=[0] * len(blocks), flops=[0.0] * len(blocks),
+    )
     for prec in precisions:
         for mb in micro_batches:
             if progress:
                 progress(f"profiling {workload.name} {prec} micro-batch {mb}")
-            x, y = workload.make_batch(mb, 123)
-            x, y = x.to(device), y.to(device)
-            input_bytes = x[:1].nelement() * x.element_size()
-            h = x
-            for k, (_, blk) in enumerate(blocks):
-                inp = h.detach().requires_grad_(k > 0 and h.is_floating_point())
-                with autocast(device, prec):
-                    out, saved = _saved_bytes(lambda blk=blk, inp=inp: blk(inp), param_ptrs)
-                if k == len(blocks) - 1:
-                    def make_loss(blk=blk, inp=inp, prec=prec, y=y):
-                        with autocast(device, prec):
-                            o = blk(inp)
-                        return workload.loss_sum(o.float(), y)
-                else:
-                    make_loss = None
-                grad = torch.randn_like(out)
-
-                def fwd(blk=blk, inp=inp, prec=prec):
-                    with torch.no_grad(), autocast(device, prec):
-                        return blk(inp)
-
-                def fwd_bwd(blk=blk, inp=inp, grad=grad, make_loss=make_loss, prec=prec):
-                    if make_loss is not None:
-                        make_loss().backward()
-                    else:
-                        with autocast(device, prec):
-                            o = blk(inp)
-                        o.backward(grad)
-
-                # Forward with autograd recording (as in training) for the fwd time.
-                def fwd_train(blk=blk, inp=inp, prec=prec):
-                    with autocast(device, prec):
-                        return blk(inp)
-
-                tfs, p = probed(fwd_train, reps)
-                tf = statistics.median(tfs)
-                tfb = _median_time(fwd_bwd, device, reps)
-                times[prec][k].append((tf, max(tfb - tf, 0.0), p))
-                acts[prec][k].append(float(saved))
-                if prec == "fp32" and mb == micro_batches[0]:
-                    out_bytes[k] = out[:1].nelement() * 4 if out.dim() > 0 else 4
-                    flops[k] = _flops(fwd, mb)
-                h = fwd().float() if out.is_floating_point() else fwd()
-                del out, grad
-            if prec == "fp32":
-                ts, p = probed(lambda x=x, y=y: workload.loss_sum(model(x), y).backward(), reps)
-                fulls.append((statistics.median(ts), p, len(times[prec][0]) - 1))
-                full_spreads.append(rel_mad(ts))
-            model.zero_grad(set_to_none=True)
-    ref = ref_of(probes)
-
-    def at(t: float, p: float) -> float:
-        return at_ref([t], [p], ref)[0]
-
-    overhead = [max(0.0, at(full, p) - sum(at(tf, pk) + at(tb, pk) for tf, tb, pk in (ts[j] for ts in times["fp32"])))
-                for full, p, j in fulls]
-    bps = []
-    for k, (name, blk) in enumerate(blocks):
-        pc = sum(p.numel() for p in blk.parameters())
-        bps.append(
-            BlockProfile(
-                name=name,
-                param_count=pc,
-                param_bytes=sum(p.numel() * p.element_size() for p in blk.parameters()),
-                buffer_bytes=sum(b.numel() * b.element_size() for b in blk.buffers()),
-                timing={
-                    p: BlockTiming(
-                        fwd_s=Fit.least_squares(list(micro_batches), [at(t[0], t[2]) for t in times[p][k]]),
-                        bwd_s=Fit.least_squares(list(micro_batches), [at(t[1], t[2]) for t in times[p][k]]),
-                    )
-                    for p in precisions
-                },
-                act_bytes={p: Fit.least_squares(list(micro_batches), acts[p][k]) for p in precisions},
-                out_bytes_per_sample=out_bytes[k],
-                flops_per_sample=flops[k],
-                param_numels=tuple(p.numel() for p in blk.parameters()),
-            )
-        )
-    opt_fits = {name: _profile_optimizer(model, name, device, reps, probe, ref) for name in PROFILED_OPTIMIZERS}
-    opt_fits["adam"] = opt_fits["adamw"]
+            _measure_micro_batch(m, model, prec, mb, first=mb == micro_batches[0])
+    m.ref = ref_of(m.probes)
+    overhead = [max(0.0, m.at(full, p) - sum(m.at(tf, pk) + m.at(tb, pk) for tf, tb, pk in (ts[j] for ts in m.times["fp32"])))
+                for full, p, j in m.fulls]
+    bps = _block_profiles(m, micro_batches, precisions)
+    opt_fits = _optimizer_fits(model, device, reps, m.probe, m.ref)
     cosines = {p: grad_cosine(workload, device, p, min(16, max(micro_batches))) for p in precisions if p != "fp32"}
     host_fits: dict[str, Fit] = {}
     if device.type != "cpu":  # CPU offload steps the optimizer on the host: measured there too
-        host_model = workload.model()
-        host_fits = {name: _profile_optimizer(host_model, name, torch.device("cpu"), reps) for name in PROFILED_OPTIMIZERS}
-        host_fits["adam"] = host_fits["adamw"]
-        del host_model
+        host_fits = _optimizer_fits(workload.model(), torch.device("cpu"), reps)
     fp = device_fingerprint(kind, device)
     fp.update({"model": workload.spec, "micro_batches": ",".join(map(str, micro_batches)), "precisions": ",".join(precisions)})
     return ModelProfile(
@@ -271,11 +220,108 @@ def profile_model(
         grad_cosine=cosines,
         host_opt_step_s=host_fits,
         step_overhead_s=statistics.median(overhead) if overhead else 0.0,
-        probe_s=ref,
-        timing_spread=statistics.median(full_spreads) if full_spreads else None,
-        input_bytes_per_sample=input_bytes,
+        probe_s=m.ref,
+        timing_spread=statistics.median(m.full_spreads) if m.full_spreads else None,
+        input_bytes_per_sample=m.input_bytes,
         memory=profile_memory(workload, device, micro_batches, precisions),
     )
+
+
+def _measure_micro_batch(m: _Measured, model: nn.Module, prec: str, mb: int, first: bool) -> None:
+    """Time every block, then (fp32) the whole model, on one batch of `mb` samples under `prec`;
+    `first`: the first micro-batch size, whose fp32 pass also records output bytes and FLOPs."""
+    x, y = m.workload.make_batch(mb, 123)
+    x, y = x.to(m.device), y.to(m.device)
+    m.input_bytes = x[:1].nelement() * x.element_size()
+    h = x
+    for k in range(len(m.blocks)):
+        h = _measure_block(m, k, h, y, prec, mb, record=prec == "fp32" and first)
+    if prec == "fp32":
+        ts, p = m.probed(lambda: m.workload.loss_sum(model(x), y).backward())
+        m.fulls.append((statistics.median(ts), p, len(m.times[prec][0]) - 1))
+        m.full_spreads.append(rel_mad(ts))
+    model.zero_grad(set_to_none=True)
+
+
+def _measure_block(m: _Measured, k: int, h: torch.Tensor, y: torch.Tensor, prec: str, mb: int,
+                   record: bool) -> torch.Tensor:
+    """Forward and backward time and saved bytes of block k on input h (`record`: its output bytes and
+    FLOPs too); returns the block's output, the next block's input."""
+    blk = m.blocks[k][1]
+    device = m.device
+    inp = h.detach().requires_grad_(k > 0 and h.is_floating_point())
+    with autocast(device, prec):
+        out, saved = _saved_bytes(lambda: blk(inp), m.param_ptrs)
+    if k == len(m.blocks) - 1:
+        def make_loss():
+            with autocast(device, prec):
+                o = blk(inp)
+            return m.workload.loss_sum(o.float(), y)
+    else:
+        make_loss = None
+    grad = torch.randn_like(out)
+
+    def fwd():
+        with torch.no_grad(), autocast(device, prec):
+            return blk(inp)
+
+    def fwd_bwd():
+        if make_loss is not None:
+            make_loss().backward()
+        else:
+            with autocast(device, prec):
+                o = blk(inp)
+            o.backward(grad)
+
+    # Forward with autograd recording (as in training) for the fwd time.
+    def fwd_train():
+        with autocast(device, prec):
+            return blk(inp)
+
+    tfs, p = m.probed(fwd_train)
+    tf = statistics.median(tfs)
+    tfb = _median_time(fwd_bwd, device, m.reps)
+    m.times[prec][k].append((tf, max(tfb - tf, 0.0), p))
+    m.acts[prec][k].append(float(saved))
+    if record:
+        m.out_bytes[k] = out[:1].nelement() * 4 if out.dim() > 0 else 4
+        m.flops[k] = _flops(fwd, mb)
+    return fwd().float() if out.is_floating_point() else fwd()
+
+
+def _block_profiles(m: _Measured, micro_batches: tuple[int, ...], precisions: tuple[str, ...]) -> list[BlockProfile]:
+    """Each block's sizes and its timings and activation bytes fitted linearly in the micro-batch."""
+    bps = []
+    for k, (name, blk) in enumerate(m.blocks):
+        pc = sum(p.numel() for p in blk.parameters())
+        bps.append(
+            BlockProfile(
+                name=name,
+                param_count=pc,
+                param_bytes=sum(p.numel() * p.element_size() for p in blk.parameters()),
+                buffer_bytes=sum(b.numel() * b.element_size() for b in blk.buffers()),
+                timing={
+                    p: BlockTiming(
+                        fwd_s=Fit.least_squares(list(micro_batches), [m.at(t[0], t[2]) for t in m.times[p][k]]),
+                        bwd_s=Fit.least_squares(list(micro_batches), [m.at(t[1], t[2]) for t in m.times[p][k]]),
+                    )
+                    for p in precisions
+                },
+                act_bytes={p: Fit.least_squares(list(micro_batches), m.acts[p][k]) for p in precisions},
+                out_bytes_per_sample=m.out_bytes[k],
+                flops_per_sample=m.flops[k],
+                param_numels=tuple(p.numel() for p in blk.parameters()),
+            )
+        )
+    return bps
+
+
+def _optimizer_fits(model: nn.Module, device: torch.device, reps: int, probe: HostProbe | None = None,
+                    ref: float = 0.0) -> dict[str, Fit]:
+    """`_profile_optimizer` for every profiled optimizer; adam shares adamw's fit."""
+    fits = {name: _profile_optimizer(model, name, device, reps, probe, ref) for name in PROFILED_OPTIMIZERS}
+    fits["adam"] = fits["adamw"]
+    return fits
 
 
 def grad_cosine(workload: Workload, device: torch.device, precision: str, mb: int) -> float:

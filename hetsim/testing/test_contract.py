@@ -20,26 +20,30 @@ CASES = cases()
 IDS = [f"{name}-{wl}" for name, wl in CASES]
 
 
+def _examples(name, workload):
+    """(the family's strategy, the workload's structural cost model, the family's example plans on it)."""
+    cost = structural_cost(workload)
+    return strategies.get(name), cost, example_plans(name, cost)
+
+
 @pytest.mark.parametrize(("name", "workload"), CASES, ids=IDS)
 def test_plans_roundtrip_through_json(name, workload):
-    strat = strategies.get(name)
-    for plan in example_plans(name, structural_cost(workload)):
+    strat, _, plans = _examples(name, workload)
+    for plan in plans:
         check_plan_roundtrip(strat, plan)
 
 
 @pytest.mark.parametrize(("name", "workload"), CASES, ids=IDS)
 def test_simulation_is_deterministic(name, workload):
-    cost = structural_cost(workload)
-    strat = strategies.get(name)
-    for plan in example_plans(name, cost):
+    strat, cost, plans = _examples(name, workload)
+    for plan in plans:
         check_simulation(strat, plan, cost)
 
 
 @pytest.mark.parametrize(("name", "workload"), CASES, ids=IDS)
 def test_memory_prediction_is_sane(name, workload):
-    cost = structural_cost(workload)
-    strat = strategies.get(name)
-    for plan in example_plans(name, cost):
+    strat, cost, plans = _examples(name, workload)
+    for plan in plans:
         check_memory(strat, plan, cost)
 
 
@@ -51,7 +55,6 @@ def test_search_space_gives_valid_prefixed_plans(name, workload):
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "workload"), CASES, ids=IDS)
 def test_real_run_matches_full_batch_gradient(name, workload, tmp_path):
-    cost = structural_cost(workload)
-    strat = strategies.get(name)
-    for i, plan in enumerate(example_plans(name, cost)):
+    strat, cost, plans = _examples(name, workload)
+    for i, plan in enumerate(plans):
         check_real_run_gradient(strat, plan, cost, workload, tmp_path / f"plan{i}")

@@ -73,11 +73,12 @@ def check_slow(slow, pf) -> None:
 
 def prepare(args):
     """Everything checked and loaded, nothing written: (plan file, workload, dataset, config)."""
-    from hetsim.execution.planfile import load_plan_file
     from hetsim.search.train import checkpoint
     from hetsim.search.train.data import check_size, load_dataset, synthetic_dataset
     from hetsim.search.train.loop import TrainConfig
     from hetsim.search.train.sampler import PlanSampler
+
+    from hetsim.execution.planfile import load_plan_file
     from hetsim.workloads import workload_from_spec
 
     for name in ("steps", "epochs", "checkpoint_every", "log_every"):
@@ -152,7 +153,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _train(pf, wl, ds, cfg) -> int:
     import torch.distributed as dist
-
     from hetsim.search.train.loop import Trainer
 
     backend = "nccl" if all(d.get("backend") == "cuda" for d in pf.devices) else "gloo"

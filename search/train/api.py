@@ -25,14 +25,14 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from hetsim.search.train.data import collate
+from hetsim.search.train.sampler import PlanSampler
+from hetsim.strategies import plan_from_dict
 from torch import nn
 
 from hetsim.errors import ConfigError
 from hetsim.execution.planfile import PlanFile, load_plan_file
 from hetsim.model.batchsplit import split_evenly
-from hetsim.strategies import plan_from_dict
-from hetsim.search.train.data import collate
-from hetsim.search.train.sampler import PlanSampler
 
 
 @dataclass

@@ -13,17 +13,17 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from hetsim.search.train import checkpoint, monitor, rebalance
+from hetsim.search.train.data import collate
+from hetsim.search.train.sampler import PlanSampler
+from hetsim.strategies import get, plan_from_dict
+from hetsim.strategies.base import WorkerContext
 from torch import nn
 
 from hetsim.execution.emulation import Emulator
 from hetsim.execution.planfile import PlanFile
 from hetsim.execution.worker import RankResult, summarize_steps
 from hetsim.profiling.hostspeed import HostProbe
-from hetsim.strategies import get, plan_from_dict
-from hetsim.strategies.base import WorkerContext
-from hetsim.search.train import checkpoint, monitor, rebalance
-from hetsim.search.train.data import collate
-from hetsim.search.train.sampler import PlanSampler
 from hetsim.workloads import Workload
 
 TIMING_WARMUP = 3

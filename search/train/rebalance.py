@@ -12,8 +12,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from hetsim.model.batchsplit import min_max_split
 from hetsim.search.train.monitor import StepRecord
+
+from hetsim.model.batchsplit import min_max_split
 
 
 @dataclass(frozen=True)

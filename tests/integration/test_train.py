@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hetsim.search.train.data import synthetic_dataset
 from hetsim.strategies.ddp import DDPPlan
 from hetsim.strategies.zero import ZeROPlan
 
@@ -21,7 +22,6 @@ from hetsim.execution.planfile import PlanFile, save_plan_file
 from hetsim.execution.runner import device_dicts
 from hetsim.hardware.cluster import parse_cluster
 from hetsim.serial import to_dict
-from hetsim.search.train.data import synthetic_dataset
 from hetsim.workloads import load_workload
 
 pytestmark = pytest.mark.slow

@@ -5,9 +5,9 @@ import sys
 
 import torch
 import torch.distributed as dist
-
 from hetsim.search.train import prepare
 from hetsim.search.train.data import synthetic_dataset
+
 from hetsim.workloads import load_workload
 
 plan_path, out = sys.argv[1], sys.argv[2]

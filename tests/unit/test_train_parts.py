@@ -7,6 +7,10 @@ import json
 
 import pytest
 from hetsim.search.export import best_row, torchrun_lines, write_launch_script
+from hetsim.search.train import __main__ as cli
+from hetsim.search.train.monitor import StepRecord, split_phases, write_trace
+from hetsim.search.train.rebalance import Rates, resolve
+from hetsim.search.train.sampler import PlanSampler, proportional_split
 from hetsim.strategies.ddp import DDPPlan
 
 from hetsim.errors import ConfigError
@@ -14,10 +18,6 @@ from hetsim.execution.planfile import PlanFile, load_plan_file, save_plan_file
 from hetsim.execution.runner import Launch, device_dicts
 from hetsim.hardware.cluster import parse_cluster
 from hetsim.serial import to_dict
-from hetsim.search.train import __main__ as cli
-from hetsim.search.train.monitor import StepRecord, split_phases, write_trace
-from hetsim.search.train.rebalance import Rates, resolve
-from hetsim.search.train.sampler import PlanSampler, proportional_split
 
 
 @pytest.mark.parametrize("n", [64, 100, 103])

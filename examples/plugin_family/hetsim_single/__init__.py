@@ -26,9 +26,10 @@ from hetsim.strategies.helpers import (
     autocast,
     choose_accum,
     choose_common,
-    full_grads,
+    grads_of_one_pass,
     min_micro_batch,
     split_evenly,
+    train_step,
 )
 
 from hetsim.errors import InfeasiblePlanError
@@ -135,16 +136,7 @@ class SingleExecutor:
         return total
 
     def step(self) -> float:
-        loss = self._forward_backward()
-        if self.scaler:
-            self.scaler.step(self.opt)
-            self.scaler.update()
-        else:
-            self.opt.step()
-        self.opt.zero_grad(set_to_none=False)
-        return loss
+        return train_step(self.opt, self._forward_backward, self.scaler)
 
     def compute_grads(self) -> dict[str, torch.Tensor]:
-        self.opt.zero_grad(set_to_none=True)
-        self._forward_backward()
-        return full_grads(self.model)
+        return grads_of_one_pass(self.opt, self._forward_backward, [self.model])
