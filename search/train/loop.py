@@ -200,6 +200,8 @@ class Trainer:
         n = self.cfg.rebalance_every
         if not n or not self.feed.data_parallel or (step + 1) % n or len(self.records) < n:
             return
+        if step + 1 >= self.cfg.steps:  # shares re-solved after the last step would never run
+            return
         window = self.gather(self.records[-n:])
         rates = [rebalance.rates_of(r) for r in window]
         floor = max(1, getattr(self.plan, "accum_steps", 1))
