@@ -13,7 +13,6 @@ import pytest
 from hetsim.hardware.cluster import parse_cluster
 from hetsim.model.costmodel import CostModel
 from hetsim.profiling.store import (
-    CommProfile,
     DeviceProfile,
     ModelProfile,
     ProfileSet,
@@ -21,7 +20,7 @@ from hetsim.profiling.store import (
     load,
     model_profile_path,
 )
-from hetsim.types import Fit
+from hetsim.testing.contract import synthetic_comms
 
 RECORDED = Path(__file__).resolve().parent / "data"
 """Holds profiles/ as a results folder does."""
@@ -36,12 +35,6 @@ def gn_profile():
     model = load(ModelProfile, model_profile_path(RECORDED, "emu-cpu", wl.spec))
     assert model.model == wl.spec, f"{model.model} recorded, {wl.spec} loaded: run tests/data/record_profiles.py"
     return wl, model, load(DeviceProfile, device_profile_path(RECORDED, "emu-cpu"))
-
-
-def synthetic_comm(ws: int) -> CommProfile:
-    # 100 us latency, 1 GB/s: a plausible gloo-on-loopback figure; unit tests need a value, not a measurement.
-    return CommProfile(backend="gloo", world_size=ws, fingerprint={}, allreduce_s=Fit(intercept=1e-4, slope=1e-9),
-                       allgather_s=Fit(intercept=1e-4, slope=0.5e-9), sendrecv_s=Fit(intercept=5e-5, slope=0.5e-9))
 
 
 @pytest.fixture(scope="session")
@@ -65,7 +58,7 @@ def make_gpt_cost(gpt_profile):
     def make(spec: str = "emu:1.0@4G,0.5@4G") -> CostModel:
         cluster = parse_cluster(spec)
         ps = ProfileSet(models={"emu-cpu": model}, devices={"emu-cpu": dev},
-                        comm={k: synthetic_comm(k) for k in range(2, max(2, len(cluster.devices)) + 1)})
+                        comm=synthetic_comms(len(cluster.devices)))
         return CostModel(cluster, ps, wl.optimizer)
 
     return make
@@ -77,9 +70,7 @@ def make_cost(gn_profile):
 
     def make(spec: str = "emu:1.0@4G,0.5@4G", optimizer: str = "adamw") -> CostModel:
         cluster = parse_cluster(spec)
-        n = len(cluster.devices)
-        ps = ProfileSet(models={"emu-cpu": model}, devices={"emu-cpu": dev},
-                        comm={k: synthetic_comm(k) for k in range(2, max(2, n) + 1)})
+        ps = ProfileSet(models={"emu-cpu": model}, devices={"emu-cpu": dev}, comm=synthetic_comms(len(cluster.devices)))
         return CostModel(cluster, ps, optimizer, has_batchnorm=wl.has_batchnorm)
 
     return make

@@ -32,6 +32,8 @@ from hetsim.testing.contract import (
     families,
     structural_cost,
     structural_profile,
+    synthetic_comm,
+    synthetic_comms,
     workloads_for,
 )
 
@@ -50,5 +52,7 @@ __all__ = [
     "families",
     "structural_cost",
     "structural_profile",
+    "synthetic_comm",
+    "synthetic_comms",
     "workloads_for",
 ]

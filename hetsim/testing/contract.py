@@ -95,11 +95,17 @@ def structural_profile(workload: Workload, device_kind: str = EMU_KIND) -> Model
                         step_overhead_s=1e-4, input_bytes_per_sample=int(workload.make_batch(1, 0)[0].numel()) * 4)
 
 
-def _synthetic_comm(world_size: int) -> CommProfile:
-    # 100 us latency, 1 GB/s: a plausible gloo-on-loopback figure; the contract needs a value, not a measurement.
+def synthetic_comm(world_size: int) -> CommProfile:
+    """Collective timings of a plausible gloo-on-loopback link (100 us latency, 1 GB/s): checks need
+    a value, not a measurement."""
     return CommProfile(backend="gloo", world_size=world_size, fingerprint={},
                        allreduce_s=Fit(intercept=1e-4, slope=1e-9), allgather_s=Fit(intercept=1e-4, slope=0.5e-9),
                        sendrecv_s=Fit(intercept=5e-5, slope=0.5e-9))
+
+
+def synthetic_comms(n_devices: int) -> dict[int, CommProfile]:
+    """`synthetic_comm` for every group size a cluster of `n_devices` can form (2 at least)."""
+    return {k: synthetic_comm(k) for k in range(2, max(2, n_devices) + 1)}
 
 
 _PROFILES: dict[str, ModelProfile] = {}
@@ -111,8 +117,7 @@ def structural_cost(workload_spec: str, cluster: str = CLUSTER, optimizer: str =
     if workload_spec not in _PROFILES:
         _PROFILES[workload_spec] = structural_profile(wl)
     cl = parse_cluster(cluster)
-    comm = {k: _synthetic_comm(k) for k in range(2, max(2, len(cl.devices)) + 1)}
-    profiles = ProfileSet(models={EMU_KIND: _PROFILES[workload_spec]}, comm=comm)
+    profiles = ProfileSet(models={EMU_KIND: _PROFILES[workload_spec]}, comm=synthetic_comms(len(cl.devices)))
     return CostModel(cl, profiles, optimizer, has_batchnorm=wl.has_batchnorm, batch_coupled=wl.batch_coupled,
                      logits_per_sample_sq=wl.logits_per_sample_sq)
 

@@ -11,9 +11,9 @@ from hetsim.errors import InfeasiblePlanError
 from hetsim.hardware.cluster import parse_cluster
 from hetsim.model.costmodel import CostModel
 from hetsim.profiling.store import ProfileSet
+from hetsim.testing import synthetic_comm
 from hetsim.workloads import load_workload
 from hetsim.workloads.contrastive import clip_loss, nt_xent
-from tests.conftest import synthetic_comm
 
 
 @pytest.mark.parametrize("name", ["simclr", "clip"])

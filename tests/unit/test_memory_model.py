@@ -165,7 +165,7 @@ def test_space_solves_the_split_with_the_sharded_memory(make_cost):
 def test_batchnorm_small_batches_warn(gn_profile):
     from hetsim.hardware.cluster import parse_cluster
     from hetsim.profiling.store import ProfileSet
-    from tests.conftest import synthetic_comm
+    from hetsim.testing import synthetic_comm
 
     _, model, dev = gn_profile
     ps = ProfileSet(models={"emu-cpu": model}, devices={"emu-cpu": dev}, comm={2: synthetic_comm(2)})
@@ -203,7 +203,7 @@ def test_batchnorm_gets_two_samples_per_micro_batch(gn_profile):
     optuna = pytest.importorskip("optuna")
     from hetsim.hardware.cluster import parse_cluster
     from hetsim.profiling.store import ProfileSet
-    from tests.conftest import synthetic_comm
+    from hetsim.testing import synthetic_comm
 
     _, model, dev = gn_profile
     ps = ProfileSet(models={"emu-cpu": model}, devices={"emu-cpu": dev}, comm={2: synthetic_comm(2)})
