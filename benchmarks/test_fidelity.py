@@ -1,6 +1,7 @@
 """Fidelity: every plan of the suite predicted, then run for real on the default emulated cluster.
 
-Writes results/bench/fidelity.json (the pairs the accuracy gate in tests/regression replays) and
+Writes results/local/bench/fidelity.json (the committed results/bench/fidelity.json, which the
+accuracy gate in tests/regression replays, is a copy of one such run and is never rewritten) and
 asserts the bounds of hetsim.search.golden: step-time MAPE, peak-memory MAPE, Kendall's tau.  It also
 records the top-1 regret and how many measured steps fell outside their prediction's interval
 (hetsim.reporting.decision), which no bound asserts yet.
@@ -21,7 +22,7 @@ import time
 from datetime import datetime, timezone
 
 import pytest
-from bench_config import BENCH, GLOBAL_BATCH, RESULTS
+from bench_config import GLOBAL_BATCH, LOCAL, RESULTS
 from fidelity_suite import knobs, suite_plans
 from hetsim.search import golden
 
@@ -172,7 +173,7 @@ def test_fidelity(benchmark, ctx, cost, cluster, workload, profiles):
         "steps": STEPS,
         "passes": PASSES,
         "warmup": WARMUP,
-        "profiles": golden.profile_digests(RESULTS, workload.spec),
+        "profiles": golden.profile_digests(LOCAL, workload.spec),
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
                     "python": platform.python_version(), "load_avg_at_start": list(load_start),
                     "load_avg_at_end": list(os.getloadavg())},
@@ -180,8 +181,8 @@ def test_fidelity(benchmark, ctx, cost, cluster, workload, profiles):
         "wall_s": time.perf_counter() - t0,
         "plans": records,
     }
-    BENCH.mkdir(parents=True, exist_ok=True)
-    (BENCH / "fidelity.json").write_text(json.dumps(result, indent=1) + "\n")
+    LOCAL.mkdir(parents=True, exist_ok=True)
+    (LOCAL / "fidelity.json").write_text(json.dumps(result, indent=1) + "\n")
     benchmark.extra_info.update({k: result[k] for k in ("n_plans", "step_time_mape", "step_time_max_err",
                                                          "peak_mem_mape", "kendall_tau", "top1_regret",
                                                          "n_outside_interval", "n_failed")})
@@ -192,4 +193,4 @@ def test_fidelity(benchmark, ctx, cost, cluster, workload, profiles):
     assert not failed, "plans predicted to fit did not run:\n" + "\n".join(failed)
     assert acc.n_plans >= MIN_PLANS
     bad = acc.violations()
-    assert not bad, f"fidelity bounds broken over {acc.n_plans} plans: {'; '.join(bad)} (see {BENCH / 'fidelity.json'})"
+    assert not bad, f"fidelity bounds broken over {acc.n_plans} plans: {'; '.join(bad)} (see {LOCAL / 'fidelity.json'})"

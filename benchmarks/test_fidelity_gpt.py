@@ -1,9 +1,9 @@
 """Fidelity on a transformer: the suite's plans for the built-in `gpt` (every family and knob),
 predicted, then run for real on the default emulated cluster, reported per family.
 
-Writes results/bench/fidelity_gpt.json beside the ResNet suite's fidelity.json (same record per
+Writes results/local/bench/fidelity_gpt.json beside the ResNet suite's fidelity.json (same record per
 plan, from test_fidelity.run_suite), with the accuracy of each family.  Its bounds are the ResNet
-suite's; the profiles are recorded under results/profiles/ on the first run, like the ResNet ones.
+suite's; its profiles are recorded under results/local/bench/profiles/, like the ResNet ones.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 from datetime import datetime, timezone
 
 import pytest
-from bench_config import BENCH, GLOBAL_BATCH, PRECISIONS, RESULTS
+from bench_config import GLOBAL_BATCH, LOCAL, PRECISIONS
 from fidelity_suite import suite_plans
 from hetsim.search import golden
 from test_fidelity import FIDELITY_TIMEOUT_S, PASSES, STEPS, run_suite
@@ -38,7 +38,7 @@ def gpt_setup(cluster):
     from hetsim.workloads.builtin import load_workload
 
     wl = load_workload(GPT_MODEL, size=GPT_SIZE)
-    profiles = obtain_profiles(cluster, wl, root=RESULTS, global_batch=GLOBAL_BATCH, precisions=PRECISIONS)
+    profiles = obtain_profiles(cluster, wl, root=LOCAL, global_batch=GLOBAL_BATCH, precisions=PRECISIONS)
     cost = CostModel(cluster, profiles, wl.optimizer)
     return wl, profiles, cost, SearchContext(cost=cost, global_batch=GLOBAL_BATCH, precisions=PRECISIONS)
 
@@ -66,8 +66,8 @@ def test_fidelity_gpt(cluster, gpt_setup):
               "peak_mem_mape": acc.peak_mem_mape, "kendall_tau": acc.kendall_tau, "per_family": per_family(records),
               "load_avg_at_end": list(os.getloadavg()), "wall_s": time.perf_counter() - t0,
               "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "plans": records}
-    BENCH.mkdir(parents=True, exist_ok=True)
-    (BENCH / "fidelity_gpt.json").write_text(json.dumps(result, indent=1) + "\n")
+    LOCAL.mkdir(parents=True, exist_ok=True)
+    (LOCAL / "fidelity_gpt.json").write_text(json.dumps(result, indent=1) + "\n")
     failed = [f"{r['label']}: {r['status']}" for r in records if r["status"] != "ok"]
     assert not failed, failed
     bad = acc.violations()

@@ -135,9 +135,10 @@ def step_elements(cost: CostModel, lanes: Sequence[Lane], n_stages: int, precisi
     """
     nb = cost.facts.n_blocks
     prefix: dict[tuple[int, int], list[float]] = {}
+    lanes = distinct_lanes(cost, lanes)
 
     def pre(dev: int, micro: int) -> list[float]:
-        key = (dev, micro)
+        key = (cost.klass[dev], micro)
         if key not in prefix:
             acc = [0.0]
             for k in range(nb):
@@ -168,6 +169,22 @@ def step_elements(cost: CostModel, lanes: Sequence[Lane], n_stages: int, precisi
         return a_max, peak_max * v
 
     return elem
+
+
+def lane_class(cost: CostModel, lane: Lane) -> tuple:
+    """What a lane's element costs depend on: its stages' device classes, its micro-batch, and the
+    link between each stage and the next.  Lanes of one class cost the same."""
+    sd, links = lane.stage_devices, cost.cluster.links
+    hops = tuple(None if a == b else (links[a][b] if links is not None else True) for a, b in zip(sd, sd[1:]))
+    return tuple(cost.klass[d] for d in sd), lane.micro, hops
+
+
+def distinct_lanes(cost: CostModel, lanes: Sequence[Lane]) -> list[Lane]:
+    """One lane per class (the first): every element takes the slowest lane, so repeats change nothing."""
+    seen: dict[tuple, Lane] = {}
+    for lane in lanes:
+        seen.setdefault(lane_class(cost, lane), lane)
+    return list(seen.values())
 
 
 def solve_boundaries(cost: CostModel, lanes: Sequence[Lane], n_stages: int, m: int, precision: str, ckpt: int,

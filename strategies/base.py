@@ -308,7 +308,8 @@ class Strategy(ABC):
 
     def _timing_of(self, plan: Plan, cost: CostModel, g: TaskGraph, steady: SteadyRun) -> StepTiming:
         sched = steady.step
-        busy = tuple(sched.busy_s(g, Resource.device(d), TaskKind.COMPUTE) for d in plan.devices)
+        by_res = sched.busy_by_resource(g, TaskKind.COMPUTE)
+        busy = tuple(by_res.get(Resource.device(d), 0.0) for d in plan.devices)
         return StepTiming(period_s=steady.period_s, busy_s=busy, breakdown_s=self.breakdown(plan, cost, g, sched))
 
     def _prediction(self, plan: Plan, cost: CostModel, timing: StepTiming) -> Prediction:

@@ -17,6 +17,7 @@ the best pair by the analytic step time is kept.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -28,6 +29,7 @@ from hetsim.types import MemoryBreakdown
 from . import register
 from ._pipeline_bounds import (
     Lane,
+    lane_class,
     solve_boundaries,
     step_elements,
 )
@@ -132,17 +134,24 @@ def balance_replicas(cost: CostModel, lanes_devs: list[tuple[int, ...]], bounds:
             f"(at least {min_micro_size} each); raise the batch or use fewer micro-batches or replicas"
         )
     k = [min_micro_size] * R
+    # Replicas of one class (same device classes and links) take the same time at the same size.
+    klass = [lane_class(cost, Lane(devs, 0)) for devs in lanes_devs]
+    times: dict[tuple[tuple, int], float] = {}
 
-    times: dict[tuple[int, int], float] = {}
+    def t(i: int, micro: int) -> float:
+        key = (klass[i], micro)
+        if key not in times:
+            times[key] = replica_time(cost, lanes_devs[i], bounds, micro, m, v, precision, ckpt, inflight, tail)
+        return times[key]
 
-    def t(i: int, micro: int) -> float:  # each (replica, size) once: a round changes one replica's size
-        if (i, micro) not in times:
-            times[(i, micro)] = replica_time(cost, lanes_devs[i], bounds, micro, m, v, precision, ckpt, inflight, tail)
-        return times[(i, micro)]
-
+    # The greedy's min over replicas of (time at one more unit, index), kept in a heap: only the
+    # replica that took the unit changes its entry.
+    heap = [(t(i, k[i] + 1), i) for i in range(R)]
+    heapq.heapify(heap)
     for _ in range(units - sum(k)):
-        best = min(range(R), key=lambda i: (t(i, k[i] + 1), i))
+        _, best = heapq.heappop(heap)
         k[best] += 1
+        heapq.heappush(heap, (t(best, k[best] + 1), best))
     return tuple(x * m for x in k)
 
 

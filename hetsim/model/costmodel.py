@@ -11,7 +11,7 @@ ratio of sustained matmul throughput, and every report says so.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from hetsim.errors import ProfileError
@@ -60,6 +60,11 @@ class CostModel:
             logits_per_sample_sq=logits_per_sample_sq,
         )
         self._scale = [self._device_scale(d) for d in cluster.devices]
+        first: dict[Device, int] = {}
+        self.klass: tuple[int, ...] = tuple(first.setdefault(replace(d, name="", index=0), i)
+                                            for i, d in enumerate(cluster.devices))
+        """klass[d]: the first device equal to d but for its name and position.  Compute times depend on
+        nothing else, so they are computed and memoised once per class (512 devices of four types: four)."""
         self._param_total = sum(b.param_count for b in self.base_profile.blocks)
         self._memo: dict[tuple, Any] = {}
         self._tables: dict[str, dict] = {}
@@ -131,11 +136,13 @@ class CostModel:
     def fwd_s(self, dev: int, lo: int, hi: int, mb: float, precision: str = "fp32") -> float:
         if mb <= 0:
             return 0.0
+        dev = self.klass[dev]
         return self.memo(("fwd", dev, lo, hi, mb, precision), lambda: self._blocks_s(dev, lo, hi, mb, precision, True))
 
     def bwd_s(self, dev: int, lo: int, hi: int, mb: float, precision: str = "fp32") -> float:
         if mb <= 0:
             return 0.0
+        dev = self.klass[dev]
         return self.memo(("bwd", dev, lo, hi, mb, precision), lambda: self._blocks_s(dev, lo, hi, mb, precision, False))
 
     def _blocks_s(self, dev: int, lo: int, hi: int, mb: float, precision: str, forward: bool) -> float:

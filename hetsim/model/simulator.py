@@ -100,6 +100,14 @@ class Schedule:
             if t.resource == resource and (kinds is None or t.kind in kinds)
         )
 
+    def busy_by_resource(self, graph: TaskGraph, kinds: set[str] | None = None) -> dict[str, float]:
+        """`busy_s` of every resource at once (one pass over the tasks)."""
+        out: dict[str, float] = {}
+        for t in graph.tasks:
+            if kinds is None or t.kind in kinds:
+                out[t.resource] = out.get(t.resource, 0.0) + (self.end_s[t.tid] - self.start_s[t.tid])
+        return out
+
     def timeline(self, graph: TaskGraph) -> list[TimelineEvent]:
         return [
             TimelineEvent(resource=t.resource, kind=t.kind, label=t.label, start_s=self.start_s[t.tid], end_s=self.end_s[t.tid])
