@@ -15,6 +15,7 @@ re-sampled; a plan seen before is never simulated twice.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -61,7 +62,10 @@ class LiteTrial:
     def suggest_int(self, name: str, low: int, high: int, step: int = 1, log: bool = False) -> int:
         v = self._want.get(name, _MISSING)
         if v is _MISSING or not (low <= v <= high) or (v - low) % step:
-            v = low + step * self._rng.randrange((high - low) // step + 1)
+            if log:  # log-uniform, as Optuna samples a log-scaled int
+                v = min(high, max(low, int(math.exp(self._rng.uniform(math.log(low), math.log(high + 1))))))
+            else:
+                v = low + step * self._rng.randrange((high - low) // step + 1)
         self.params[name] = v
         self.distributions[name] = self._dist(("i", name, low, high, step, log),
                                               lambda: IntDistribution(low, high, step=step, log=log))
@@ -75,6 +79,11 @@ class LiteTrial:
         self.distributions[name] = self._dist(("f", name, low, high, step, log),
                                               lambda: FloatDistribution(low, high, step=step, log=log))
         return v
+
+    def settle(self, name: str, value: Any) -> None:
+        """Knob `name` took `value`, one of its choices, rather than the value drawn
+        (`hetsim.strategies.helpers.settled`)."""
+        self.params[name] = value
 
     def set_user_attr(self, key: str, value: Any) -> None:
         self.user_attrs[key] = value
@@ -92,10 +101,14 @@ class Evolver:
     explore: float = 0.2
     elite: int = 12
     retries: int = 8
+    polish: float = 0.5
+    """Share of the proposals (after `startup`) that try the best trial's next untried neighbour."""
     rng: random.Random = field(init=False)
     best: list[tuple[float, dict, dict]] = field(default_factory=list)
     """(score, params, distributions) of the best trials so far, best first (at most `elite`)."""
     seen: int = 0
+    _queue: list[dict] = field(default_factory=list)
+    _queued_for: float | None = None
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -116,6 +129,15 @@ class Evolver:
         rng = self.rng
         if self.seen < self.startup or not self.best or rng.random() < self.explore:
             return {}
+        if self.best[0][0] > -1e300 and rng.random() < self.polish:
+            if self._queued_for != self.best[0][0]:  # a new best: its neighbourhood, in random order
+                self._queued_for = self.best[0][0]
+                self._queue = neighbours(self.best[0][1], self.best[0][2], rng)
+            if not self._queue:  # the best is a local optimum: another elite's neighbourhood
+                _, params, dists = self.best[rng.randrange(len(self.best))]
+                self._queue = neighbours(params, dists, rng)
+            if self._queue:
+                return self._queue.pop()
         a, b = rng.randrange(len(self.best)), rng.randrange(len(self.best))
         _, parent, dists = self.best[min(a, b)]
         names = list(parent)
@@ -133,8 +155,36 @@ class Evolver:
         return want
 
 
+def neighbours(params: dict, dists: dict, rng: random.Random) -> list[dict]:
+    """Every proposal that changes one knob of `params` to a nearby value (a local search's moves,
+    which a mutation reaches only by chance: one knob of ten, and a categorical re-drawn among all
+    its choices): each other choice of a categorical (16 at most), an int +-1, 2, 3 (and x0.67-1.5 in six steps
+    on a log scale), a float at either end of its range or half-way to it."""
+    out: list[dict] = []
+    for name, v in params.items():
+        d = dists.get(name)
+        if isinstance(d, CategoricalDistribution):
+            others = [c for c in d.choices if c != v]
+            moved = rng.sample(others, min(16, len(others)))
+        elif isinstance(d, IntDistribution):
+            cand = {v + k * d.step for k in (-3, -2, -1, 1, 2, 3)}
+            if d.log:
+                cand |= {round(v * f) for f in (0.67, 0.8, 0.9, 1.1, 1.25, 1.5)}
+            moved = sorted(c for c in cand if d.low <= c <= d.high and c != v)
+        elif isinstance(d, FloatDistribution):
+            moved = [c for c in {d.low, d.high, (v + d.low) / 2, (v + d.high) / 2} if c != v]
+        else:
+            continue
+        out.extend({**params, name: c} for c in moved)
+    rng.shuffle(out)
+    return out
+
+
 def _step(dist: BaseDistribution | None, v: Any, rng: random.Random) -> Any:
     """A nearby value of a numeric knob (half the time; otherwise, and for a categorical, none: re-drawn)."""
+    if isinstance(dist, IntDistribution) and dist.log and rng.random() < 0.5:
+        width = math.log(dist.high / dist.low)  # a multiplicative step: x0.7-1.4 on 2..256
+        return min(dist.high, max(dist.low, round(v * math.exp(rng.gauss(0.0, 0.08 * width)))))
     if isinstance(dist, IntDistribution) and rng.random() < 0.5:
         reach = max(1, (dist.high - dist.low) // 8)
         return min(dist.high, max(dist.low, v + rng.choice((-1, 1)) * dist.step * rng.randint(1, reach)))

@@ -103,6 +103,7 @@ def stage_devices(schedule: str, devices: Sequence[int], n_stages: int) -> tuple
 # ----------------------------------------------------------------------------- action lists
 
 
+@lru_cache(maxsize=4096)
 def _single_stage_actions(schedule: str, n_ranks: int, m: int) -> tuple[tuple[Action, ...], ...]:
     out = []
     for s in range(n_ranks):
@@ -154,6 +155,15 @@ def _torch_actions(schedule: str, n_ranks: int, m: int, v: int) -> tuple[tuple[A
 
 def rank_actions(schedule: str, n_ranks: int, m: int, v: int) -> tuple[tuple[Action, ...], ...]:
     """Per pipeline rank, the compute actions in the order the rank runs them."""
+    check_actions(schedule, n_ranks, m, v)
+    if schedule in SINGLE_STAGE:
+        return _single_stage_actions(schedule, n_ranks, m)
+    return _torch_actions(schedule, n_ranks, m, v)
+
+
+def check_actions(schedule: str, n_ranks: int, m: int, v: int) -> None:
+    """InfeasiblePlanError unless `rank_actions` can list the schedule's actions (without listing
+    GPipe's or 1F1B's, which a search asks about for every micro-batch count it may draw)."""
     check_schedule(schedule)
     if not stages_per_rank_ok(schedule, v):
         need = "1" if schedule in SINGLE_STAGE else ("2" if schedule in V_SHAPED else ">= 2")
@@ -165,9 +175,8 @@ def rank_actions(schedule: str, n_ranks: int, m: int, v: int) -> tuple[tuple[Act
             f"1F1B needs micro-batches ({m}) >= stages ({n_ranks}); use GPipe for fewer micro-batches "
             "(one micro-batch is plain model parallelism)"
         )
-    if schedule in SINGLE_STAGE:
-        return _single_stage_actions(schedule, n_ranks, m)
-    return _torch_actions(schedule, n_ranks, m, v)
+    if schedule not in SINGLE_STAGE:
+        _torch_actions(schedule, n_ranks, m, v)  # torch's own checks (cached)
 
 
 def peak_inflight(actions: Sequence[Action], stage_act_bytes: dict[int, float]) -> float:
@@ -293,24 +302,30 @@ def _compute_key(a: Action) -> tuple:
 
 
 def replicas_graph(cost: CostModel, replica_devices: Sequence[Sequence[int]], boundaries: Sequence[int],
-                   schedule: str, m: int, micros: Sequence[int], precision: str, ckpt: int) -> TaskGraph:
+                   schedule: str, m: int, micros: Sequence[int], precision: str, ckpt: int,
+                   all_replicas: Sequence[Sequence[int]] | None = None) -> TaskGraph:
     """The step of data-parallel replicas of one pipeline (one replica: a plain pipeline), replica i
     on `replica_devices[i]` with micro-batches of `micros[i]`: each replica's actions (`add_pipeline`),
     then on each pipeline rank the all-reduce of its stages' gradients across the replicas (none for
-    one replica) and every replica's optimizer step."""
+    one replica) and every replica's optimizer step.
+
+    `all_replicas`, when given, are the devices of every replica of the plan, of which
+    `replica_devices` are representatives (one per class of replicas that step alike): the
+    all-reduces are timed over the whole groups, and the graph holds only the representatives."""
     g = TaskGraph()
     R, P = len(replica_devices), len(replica_devices[0])
+    everyone = replica_devices if all_replicas is None else all_replicas
     v = (len(boundaries) - 1) // max(1, P)
     tasks = [add_pipeline(g, cost, replica_devices[i], boundaries, schedule, m, micros[i], precision, ckpt,
                           tag=f"r{i}:" if R > 1 else "")
              for i in range(R)]
     for r in range(P):
         # Each rank all-reduces its stages' gradients (one flat tensor) after its last action.
-        group = tuple(replica_devices[i][r] for i in range(R))
+        group = tuple(devs[r] for devs in everyone)
         mine = rank_stages(schedule, P, v, r)
         count = sum(cost.param_count(boundaries[s], boundaries[s + 1]) for s in mine)
         reduced = []
-        if R > 1:
+        if len(everyone) > 1:
             nbytes = sum(cost.param_bytes(boundaries[s], boundaries[s + 1]) for s in mine)
             reduced.append(g.add(Resource.group(r), TaskKind.ALLREDUCE, cost.allreduce_s(nbytes, group),
                                  [tasks[i].last[r] for i in range(R)],

@@ -158,6 +158,18 @@ def uneven_split(global_batch: int, n: int) -> tuple[int, ...]:
     return tuple([global_batch - rest * (n - 1)] + [rest] * (n - 1))
 
 
+def settled(trial, name: str, value):
+    """`value`, recorded as what knob `name` took where the trial can record it (hetsim's search
+    loop: `LiteTrial.settle`; an Optuna trial keeps what it drew).  For a knob drawn from a fixed set
+    and then moved to the nearest value the plan allows: the stored trial says what ran, so a
+    search that mutates it starts from there, not from a drawn value nobody ran.  `value` must be
+    one of the knob's choices."""
+    settle = getattr(trial, "settle", None)
+    if settle is not None:
+        settle(name, value)
+    return value
+
+
 def min_micro_batch(ctx: SearchContext) -> int:
     """Fewest samples a micro-batch may hold: the user's `--min-local-batch`, and two for BatchNorm."""
     return min_samples_per_micro_batch(ctx.cost.facts.has_batchnorm, ctx.min_local_batch)

@@ -18,6 +18,7 @@ other's).  A gradient cache through a pipeline would need a schedule of its own 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -38,6 +39,7 @@ from ._pipeline_sched import (
     SINGLE_STAGE,
     V_SHAPED,
     available_schedules,
+    check_actions,
     check_schedule,
     divisors,
     inflight_counts,
@@ -48,7 +50,7 @@ from ._pipeline_sched import (
     stage_rank,
 )
 from .base import Plan, SearchContext, Strategy, WorkerContext
-from .helpers import ParamName, choose_common, knobs_label, memo_solve, min_micro_batch
+from .helpers import ParamName, choose_common, knobs_label, memo_solve, min_micro_batch, settled
 
 if TYPE_CHECKING:
     from hetsim.model.costmodel import CostModel
@@ -122,15 +124,17 @@ def ordered_devices(trial, ctx: SearchContext, name: ParamName, count: int | Non
 def choose_microbatches(trial, ctx: SearchContext, name: ParamName, schedule: str, ranks: int, v: int,
                         replicas: int = 1) -> int:
     """A micro-batch count the schedule accepts on `ranks` x `v` stages and that leaves every one of
-    `replicas` replicas enough samples per micro-batch; the choices depend on those, so the parameter's
-    name does too (Optuna's distributions must not change under one name)."""
+    `replicas` replicas enough samples per micro-batch: `microbatches` is drawn from every count that
+    divides the global batch (one distribution under one name, as Optuna wants), and the nearest
+    count (by ratio; the smaller of two) that this shape accepts is taken.  A search that steps to
+    a neighbouring shape keeps its micro-batch count (a name per shape made it draw a new one)."""
     floor = min_micro_batch(ctx) * replicas
     ok = []
     for m in micro_choices(ctx, 1):
         if ctx.global_batch // m < floor:
             continue
         try:
-            rank_actions(schedule, ranks, m, v)
+            check_actions(schedule, ranks, m, v)
         except InfeasiblePlanError:
             continue
         ok.append(m)
@@ -139,18 +143,23 @@ def choose_microbatches(trial, ctx: SearchContext, name: ParamName, schedule: st
             f"no micro-batch count of the global batch {ctx.global_batch} suits {schedule} on {ranks} rank(s) x {v} "
             f"stage(s) with {replicas} replica(s) of >= {min_micro_batch(ctx)} samples per micro-batch"
         )
-    return trial.suggest_categorical(name(f"microbatches_{replicas}x{ranks}_{schedule}_v{v}"), ok)
+    want = trial.suggest_categorical(name("microbatches"), micro_choices(ctx, 1))
+    return settled(trial, name("microbatches"), min(ok, key=lambda m: (abs(math.log(m / want)), m)))
 
 
 def choose_schedule(trial, ctx: SearchContext, name: ParamName, ranks: int) -> str:
-    """A schedule whose stage count fits the model on `ranks` ranks (multi-stage ones need 2 blocks per rank)."""
+    """A schedule whose stage count fits the model on `ranks` ranks (multi-stage ones need 2 blocks per
+    rank): `schedule` is drawn from every offered schedule (one name for every rank count, so a
+    search that steps to a neighbouring shape keeps its schedule), and one that does not fit is
+    replaced by the first that does."""
     offered = list(ctx.extra.get("pipeline_schedules", available_schedules()))
     if ranks == 1 and "GPipe" in offered:
         # One device: every schedule computes the same thing (ZBVZeroBubble only costs more memory):
         # offer one, so that the top candidates are not the same run under several names.
         return trial.suggest_categorical(name("schedule_r1"), ["GPipe"])
     fits = [s for s in offered if s in SINGLE_STAGE or 2 * ranks <= ctx.cost.facts.n_blocks] or offered
-    return trial.suggest_categorical(name("schedule" if fits == offered else f"schedule_r{ranks}"), fits)
+    want = trial.suggest_categorical(name("schedule"), offered)
+    return settled(trial, name("schedule"), want if want in fits else fits[0])
 
 
 def choose_stages_per_rank(trial, name: ParamName, schedule: str, ranks: int = 1, n_blocks: int = 1 << 30) -> int:
@@ -159,8 +168,8 @@ def choose_stages_per_rank(trial, name: ParamName, schedule: str, ranks: int = 1
     if schedule in V_SHAPED:
         return 2
     fits = [v for v in (2, 3, 4) if v * ranks <= n_blocks] or [2]
-    knob = "stages_per_rank" if len(fits) == 3 else f"stages_per_rank_r{ranks}"
-    return trial.suggest_categorical(name(knob), fits)
+    v = min(trial.suggest_categorical(name("stages_per_rank"), [2, 3, 4]), max(fits))  # one name, as above
+    return settled(trial, name("stages_per_rank"), v)
 
 
 def micro_choices(ctx: SearchContext, min_micro: int) -> list[int]:
@@ -195,7 +204,7 @@ def check_common(cost: CostModel, boundaries, n_ranks: int, schedule: str, micro
         )
     if precision == "fp16":
         raise InfeasiblePlanError("fp16 needs loss scaling, which pipelined runs here do not do; use bf16 or fp32")
-    rank_actions(schedule, n_ranks, microbatches, n_stages // n_ranks)
+    check_actions(schedule, n_ranks, microbatches, n_stages // n_ranks)
 
 
 def stages_label(plan, devices_of_stage) -> str:

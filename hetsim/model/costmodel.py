@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+import numpy as np
+
 from hetsim.errors import ProfileError
 from hetsim.hardware.cluster import Cluster, Device
 from hetsim.profiling.store import BlockProfile, ModelProfile, ProfileSet, group_key
@@ -245,8 +247,21 @@ class CostModel:
 
     def _group_link(self, group) -> tuple[float, float]:
         """(slowest bandwidth, highest latency) between the members of a group."""
-        pairs = [self.cluster.links[a][b] for a in group for b in group if a != b]
-        return min(p.bandwidth_bps for p in pairs), max(p.latency_s for p in pairs)
+        if len(group) <= 8:
+            pairs = [self.cluster.links[a][b] for a in group for b in group if a != b]
+            return min(p.bandwidth_bps for p in pairs), max(p.latency_s for p in pairs)
+        bw, lat = self.memo(("link_arrays",), self._link_arrays)  # a group of 256 has 65,280 pairs
+        idx = np.asarray(group)
+        return float(bw[np.ix_(idx, idx)].min()), float(lat[np.ix_(idx, idx)].max())
+
+    def _link_arrays(self):
+        """Every pair's bandwidth and latency as arrays, a device with itself left out (inf, -inf)."""
+        links = self.cluster.links
+        bw = np.array([[link.bandwidth_bps for link in row] for row in links], dtype=float)
+        lat = np.array([[link.latency_s for link in row] for row in links], dtype=float)
+        np.fill_diagonal(bw, np.inf)
+        np.fill_diagonal(lat, -np.inf)
+        return bw, lat
 
     def allgather_s(self, nbytes_total: float, group: tuple[int, ...]) -> float:
         """All-gather (or reduce-scatter) of a tensor whose full size is nbytes_total: half an all-reduce."""
