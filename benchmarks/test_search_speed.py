@@ -78,7 +78,7 @@ def _search(ctx, storage: str | None = None, trials: int = TRIALS, budget_s: flo
 
 @pytest.mark.parametrize("storage", ["memory", "journal"])
 @pytest.mark.parametrize("n_devices", [8, 64])
-def test_search_1000_trials(benchmark, profiles, workload, n_devices, storage, tmp_path):
+def test_search_1000_trials(benchmark, workload, n_devices, storage, tmp_path):
     ctx = _context(n_devices, workload)
     url = f"journal:{tmp_path / 'bench.journal'}" if storage == "journal" else None
     out = benchmark.pedantic(_search, args=(ctx, url), rounds=1, iterations=1)
@@ -92,7 +92,7 @@ LARGE_KEYS = ("rtx_3090", "t4", "a10", "gtx_1080_ti")
 LARGE_SHORT_S = 15.0
 
 
-def test_search_512_devices_against_a_10x_longer_search(benchmark, profiles, workload):
+def test_search_512_devices_against_a_10x_longer_search(benchmark, workload):
     """512 catalog devices of four types: the best of a 15 s search against the best of a 150 s one
     (both seeded alike, wall-clock budgets, `trials` unbounded)."""
     ctx = _context(512, workload)
@@ -117,7 +117,7 @@ ENUM_FAMILIES = ["ddp", "zero"]  # every knob categorical or int (pipelines orde
 
 
 @pytest.mark.parametrize("spec,gb,precisions", ENUMERABLE, ids=[e[0] for e in ENUMERABLE])
-def test_search_finds_the_enumerated_best(benchmark, profiles, workload, spec, gb, precisions):
+def test_search_finds_the_enumerated_best(benchmark, workload, spec, gb, precisions):
     """Spaces small enough to list every plan: the search's best against the true best, and how many
     trials it took to get within 1 % of it."""
     from enumerate_space import enumerate_best

@@ -60,7 +60,7 @@ def _distinct_plans(strat, ctx, n: int) -> list:
 @pytest.mark.parametrize("cluster_kind", ["emulated-2", "catalog-8"])
 @pytest.mark.parametrize("family", ["ddp", "pipeline"])
 @pytest.mark.parametrize("path", ["event", "search"])
-def test_plans_simulated_per_second(benchmark, profiles, workload, family, cluster_kind, path):
+def test_plans_simulated_per_second(benchmark, workload, family, cluster_kind, path):
     from hetsim.strategies.base import SearchContext
 
     if family not in strategies.names():
