@@ -101,8 +101,9 @@ def data_parallel_timing(cost: CostModel, devices: tuple[int, ...], local_batch:
     lows, ar, sync = found
     table = cost.memo_table("dp_device")
     steps = []
+    klass = cost.klass
     for d, b in zip(devices, local_batch):
-        key = (d, b, accum, precision, ckpt)
+        key = (klass[d], b, accum, precision, ckpt)  # a device's compute is its class's
         st = table.get(key)
         if st is None:
             st = table[key] = _device_step(cost, d, b, accum, precision, ckpt, lows)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from operator import gt
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
 from hetsim.errors import InfeasiblePlanError
@@ -315,14 +316,18 @@ class Strategy(ABC):
     def _prediction(self, plan: Plan, cost: CostModel, timing: StepTiming) -> Prediction:
         mem = self.memory(plan, cost)
         caps = cost.memo(("capacity_bytes", plan.devices), lambda: tuple(cost.device(d).memory_bytes for d in plan.devices))
-        violations = memory_violations(plan, cost, mem, caps)
+        peaks = tuple([m.total_bytes for m in mem])
+        # What memory_violations reports, looked for first (a search's plans mostly fit, and it
+        # describes each violation at length).
+        over = any(map(gt, peaks, caps)) or (cost.cluster.host_memory_bytes and any(m.host_bytes for m in mem))
+        violations = memory_violations(plan, cost, mem, caps) if over else ()
         step = timing.period_s
         busy = timing.busy_s
         bubble = 1.0 - (sum(busy) / (len(busy) * step)) if step > 0 and busy else 0.0
         return Prediction(
             step_time_s=step,
             samples_per_s=plan.global_batch / step if step > 0 else 0.0,
-            peak_mem_bytes=tuple([m.total_bytes for m in mem]),
+            peak_mem_bytes=peaks,
             memory=mem,
             capacity_bytes=caps,
             feasible=not violations,

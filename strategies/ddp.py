@@ -23,6 +23,7 @@ from ._coupled import check_chunks, choose_grad_cache, coupled_gather, coupled_t
 from ._dp_closed import buckets, data_parallel_timing
 from .base import Plan, SearchContext, Strategy, WorkerContext
 from .helpers import (
+    BN_MIN_MICRO_BATCH,
     ParamName,
     apply_checkpointing,
     autocast,
@@ -205,6 +206,8 @@ class DDP(Strategy):
         return f"ddp {'/'.join(map(str, plan.local_batch))} on dev {','.join(map(str, plan.devices))}" + local_batches_label(plan)
 
     def warnings(self, plan: DDPPlan, cost) -> tuple[str, ...]:
+        if -(-min(plan.local_batch) // plan.chunks) >= BN_MIN_MICRO_BATCH:  # no micro-batch is small
+            return ()
         msg = batchnorm_warning(cost, plan.devices, plan.micro_batches())
         return (msg,) if msg else ()
 
@@ -245,11 +248,12 @@ class DDP(Strategy):
                 + "; ".join(parts) + ". Split the state: pipeline stages or ZeRO/FSDP sharding")
 
     def memory(self, plan: DDPPlan, cost) -> tuple[MemoryBreakdown, ...]:
-        return tuple(
-            data_parallel_memory(cost, d, -(-b // plan.chunks), plan.precision, plan.checkpoint_blocks,
-                                 coupled=coupled_terms(cost, plan.global_batch, b, plan.grad_cache_chunks > 1))
-            for d, b in zip(plan.devices, plan.local_batch)
-        )
+        # Bytes depend on the local batch, not on the device: each distinct batch once.
+        chunks, gb, cache = plan.chunks, plan.global_batch, plan.grad_cache_chunks > 1
+        by_batch = {b: data_parallel_memory(cost, 0, -(-b // chunks), plan.precision, plan.checkpoint_blocks,
+                                            coupled=coupled_terms(cost, gb, b, cache))
+                    for b in set(plan.local_batch)}
+        return tuple([by_batch[b] for b in plan.local_batch])
 
     def executor(self, plan: DDPPlan, ctx: WorkerContext):
         return DDPExecutor(plan, ctx)
