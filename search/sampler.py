@@ -31,6 +31,11 @@ from optuna.distributions import (
 _MISSING = object()
 
 
+def log_uniform_int(rng: random.Random, low: int, high: int) -> int:
+    """An int in low..high, log-uniform, as Optuna samples a log-scaled int."""
+    return min(high, max(low, int(math.exp(rng.uniform(math.log(low), math.log(high + 1))))))
+
+
 class LiteTrial:
     """The part of `optuna.Trial` a family's search space uses, answered from a wished-for set of
     values where they are valid choices, and at random otherwise."""
@@ -62,8 +67,8 @@ class LiteTrial:
     def suggest_int(self, name: str, low: int, high: int, step: int = 1, log: bool = False) -> int:
         v = self._want.get(name, _MISSING)
         if v is _MISSING or not (low <= v <= high) or (v - low) % step:
-            if log:  # log-uniform, as Optuna samples a log-scaled int
-                v = min(high, max(low, int(math.exp(self._rng.uniform(math.log(low), math.log(high + 1))))))
+            if log:
+                v = log_uniform_int(self._rng, low, high)
             else:
                 v = low + step * self._rng.randrange((high - low) // step + 1)
         self.params[name] = v

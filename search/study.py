@@ -24,6 +24,7 @@ from hetsim.types import Measurement, Prediction
 
 from .checks import hide_secrets, masked_url
 from .persist import make_storage
+from .sampler import log_uniform_int
 
 MEASURED_PREFIX = "measured:"
 
@@ -60,8 +61,8 @@ class KeyedRandomSampler(optuna.samplers.BaseSampler):
         d = param_distribution
         if isinstance(d, optuna.distributions.CategoricalDistribution):
             return d.choices[rng.randrange(len(d.choices))]
-        if isinstance(d, optuna.distributions.IntDistribution) and d.log:  # log-uniform, as Optuna draws it
-            return min(d.high, max(d.low, int(math.exp(rng.uniform(math.log(d.low), math.log(d.high + 1))))))
+        if isinstance(d, optuna.distributions.IntDistribution) and d.log:
+            return log_uniform_int(rng, d.low, d.high)
         if isinstance(d, optuna.distributions.IntDistribution) and not d.log:
             return d.low + d.step * rng.randrange((d.high - d.low) // d.step + 1)
         if isinstance(d, optuna.distributions.FloatDistribution) and not d.log and d.step is None:

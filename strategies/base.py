@@ -21,7 +21,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from operator import gt
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
 from hetsim.errors import InfeasiblePlanError
@@ -317,10 +316,7 @@ class Strategy(ABC):
         mem = self.memory(plan, cost)
         caps = cost.memo(("capacity_bytes", plan.devices), lambda: tuple(cost.device(d).memory_bytes for d in plan.devices))
         peaks = tuple([m.total_bytes for m in mem])
-        # What memory_violations reports, looked for first (a search's plans mostly fit, and it
-        # describes each violation at length).
-        over = any(map(gt, peaks, caps)) or (cost.cluster.host_memory_bytes and any(m.host_bytes for m in mem))
-        violations = memory_violations(plan, cost, mem, caps) if over else ()
+        violations = memory_violations(plan, cost, mem, caps, peaks)
         step = timing.period_s
         busy = timing.busy_s
         bubble = 1.0 - (sum(busy) / (len(busy) * step)) if step > 0 and busy else 0.0
@@ -350,18 +346,21 @@ class Strategy(ABC):
 
 
 def memory_violations(plan: Plan, cost: CostModel, mem: tuple[MemoryBreakdown, ...],
-                      caps: tuple[int, ...]) -> list[str]:
-    """Why the plan does not fit: each device over its capacity (by category), then host memory."""
+                      caps: tuple[int, ...], peaks: tuple[int, ...] | None = None) -> list[str]:
+    """Why the plan does not fit: each device over its capacity (by category), then host memory.
+    `peaks`: each device's total bytes, when the caller has them."""
     out = []
-    for i, (m, cap) in enumerate(zip(mem, caps)):
-        if m.total_bytes > cap:
+    if peaks is None:
+        peaks = tuple([m.total_bytes for m in mem])
+    for i, (m, need, cap) in enumerate(zip(mem, peaks, caps)):
+        if need > cap:
             d = cost.device(plan.devices[i])
             out.append(
-                f"device {plan.devices[i]} ({d.name}) needs {m.total_bytes / MIB:.0f} MiB "
+                f"device {plan.devices[i]} ({d.name}) needs {need / MIB:.0f} MiB "
                 f"(params {m.params_bytes / MIB:.0f}, grads {m.grads_bytes / MIB:.0f}, "
                 f"optimizer {m.optim_bytes / MIB:.0f}, activations {m.activations_bytes / MIB:.0f}, "
                 f"other {m.other_bytes / MIB:.0f}) > capacity {cap / MIB:.0f} MiB, "
-                f"{(m.total_bytes - cap) / MIB:.0f} MiB over"
+                f"{(need - cap) / MIB:.0f} MiB over"
             )
     host_need = sum(m.host_bytes for m in mem)
     host_cap = cost.cluster.host_memory_bytes

@@ -23,7 +23,6 @@ from ._coupled import check_chunks, choose_grad_cache, coupled_gather, coupled_t
 from ._dp_closed import buckets, data_parallel_timing
 from .base import Plan, SearchContext, Strategy, WorkerContext
 from .helpers import (
-    BN_MIN_MICRO_BATCH,
     ParamName,
     apply_checkpointing,
     autocast,
@@ -206,8 +205,6 @@ class DDP(Strategy):
         return f"ddp {'/'.join(map(str, plan.local_batch))} on dev {','.join(map(str, plan.devices))}" + local_batches_label(plan)
 
     def warnings(self, plan: DDPPlan, cost) -> tuple[str, ...]:
-        if -(-min(plan.local_batch) // plan.chunks) >= BN_MIN_MICRO_BATCH:  # no micro-batch is small
-            return ()
         msg = batchnorm_warning(cost, plan.devices, plan.micro_batches())
         return (msg,) if msg else ()
 

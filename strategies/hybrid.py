@@ -182,8 +182,7 @@ class Hybrid(Strategy):
     def space(self, trial, ctx: SearchContext) -> HybridPlan:
         # The shape first, from the shapes the cluster allows, then exactly R x P devices: every
         # trial is a real hybrid (a yes/no per device and a free rank count mostly were not).
-        choices = shapes(ctx.cost.n_devices, ctx.cost.facts.n_blocks)
-        if not choices:
+        if not ctx.cost.memo(("hybrid_shapes",), lambda: shapes(ctx.cost.n_devices, ctx.cost.facts.n_blocks)):
             raise InfeasiblePlanError(f"hybrid {self.unavailable(ctx)}")
         R, P = choose_shape(trial, self.param, ctx.cost.n_devices, ctx.cost.facts.n_blocks)
         devices = ordered_devices(trial, ctx, self.param, count=R * P)

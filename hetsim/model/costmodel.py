@@ -247,9 +247,6 @@ class CostModel:
 
     def _group_link(self, group) -> tuple[float, float]:
         """(slowest bandwidth, highest latency) between the members of a group."""
-        if len(group) <= 8:
-            pairs = [self.cluster.links[a][b] for a in group for b in group if a != b]
-            return min(p.bandwidth_bps for p in pairs), max(p.latency_s for p in pairs)
         bw, lat = self.memo(("link_arrays",), self._link_arrays)  # a group of 256 has 65,280 pairs
         idx = np.asarray(group)
         return float(bw[np.ix_(idx, idx)].min()), float(lat[np.ix_(idx, idx)].max())
