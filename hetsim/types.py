@@ -10,13 +10,43 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Fit:
-    """y = intercept + slope * x, fitted by least squares."""
+    """y = intercept + slope * x, fitted by least squares; or, where the points it was fitted to are
+    kept (`knots`), the line through them piece by piece."""
 
     intercept: float
     slope: float
+    knots: tuple[tuple[float, float], ...] = ()
+    """Measured (x, y) points, x ascending and y non-decreasing (`Fit.measured`).  With two or more,
+    y is interpolated between neighbouring points and continued past either end along the end
+    segment; intercept and slope stay the least-squares line.  Time is not linear in the batch on
+    every device: on a CPU a block costs about half as much per sample at 20 samples as at 255 (the
+    small batch's tensors stay in cache), so a line through 2..255 over-charges a gradient-cache
+    chunk of 20 by ~80%."""
 
     def __call__(self, x: float) -> float:
-        return max(0.0, self.intercept + self.slope * x)
+        k = self.knots
+        if len(k) < 2:
+            return max(0.0, self.intercept + self.slope * x)
+        i = 1
+        while i < len(k) - 1 and x > k[i][0]:
+            i += 1
+        (x0, y0), (x1, y1) = k[i - 1], k[i]
+        return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+    @staticmethod
+    def measured(xs: list[float], ys: list[float]) -> Fit:
+        """The least-squares line of `least_squares`, keeping the points as knots: y made
+        non-decreasing in x by pooling adjacent violators (timing noise never makes a larger batch
+        cheaper), points at one x averaged."""
+        line = Fit.least_squares(xs, ys)
+        by_x: dict[float, list[float]] = {}
+        for x, y in zip(xs, ys):
+            by_x.setdefault(float(x), []).append(float(y))
+        pts = sorted((x, sum(v) / len(v)) for x, v in by_x.items())
+        if len(pts) < 2:
+            return line
+        return Fit(intercept=line.intercept, slope=line.slope, knots=tuple(zip((p[0] for p in pts),
+                                                                              _non_decreasing([p[1] for p in pts]))))
 
     @staticmethod
     def least_squares(xs: list[float], ys: list[float], nonneg: bool = True) -> Fit:
@@ -31,6 +61,17 @@ class Fit:
         if nonneg and slope < 0:
             return Fit(intercept=my, slope=0.0)
         return Fit(intercept=my - slope * mx, slope=slope)
+
+
+def _non_decreasing(ys: list[float]) -> list[float]:
+    """The non-decreasing sequence closest to ys in least squares (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for y in ys:
+        blocks.append([y, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, n1), (m2, n2) = blocks[-2], blocks[-1]
+            blocks[-2:] = [[(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2]]
+    return [m for m, n in blocks for _ in range(int(n))]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

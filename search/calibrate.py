@@ -74,7 +74,7 @@ def profiles_step(cluster: Cluster, workload, req: ProfileRequest, say: Say = pr
     """The profiles step: catalog GPUs from the model's traced shapes (nothing timed here), every
     other device kind measured (hetsim.profiling.obtain); measured kinds first, since the cost
     model's reference profile (memory calibration) is the first one."""
-    sizes = micro_batch_sizes(req.global_batch, len(cluster.devices))
+    sizes = micro_batch_sizes(req.global_batch, len(cluster.devices), coupled=workload.batch_coupled)
     catalog = catalog_profiles(cluster, workload, sizes, req.precisions, say, root=req.root, reprofile=req.reprofile)
     own = [k for k in cluster.kinds if any(d.kind == k and d.backend != "catalog" for d in cluster.devices)]
     kinds = own if (own or catalog) else ["emu-cpu"]  # untraceable model: catalog GPUs scale this CPU's profile

@@ -4,6 +4,7 @@ offered, and what the gradient cache that replaces it costs on this cluster (pre
 from __future__ import annotations
 
 from hetsim.strategies import get
+from hetsim.strategies._coupled import no_graph_forward_s
 from hetsim.strategies.ddp import DDPPlan, balance_batch, split_evenly
 
 from hetsim.model.costmodel import CostModel
@@ -38,10 +39,8 @@ def coupled_notes(workload_name: str, plans: list, cost: CostModel, global_batch
 
 def _cost_line(plan, cost: CostModel) -> str:
     """The gradient cache's second forward and embedding cache for `plan`, from the cost and memory models."""
-    n = cost.facts.n_blocks
     pred = get(plan.strategy).predict(plan, cost)[0]
-    second = max(sum(cost.fwd_s(d, 0, n, m, plan.precision) + cost.overhead_s(d, m)
-                     for m in split_evenly(b, plan.chunks))
+    second = max(sum(no_graph_forward_s(cost, d, m, plan.precision) for m in split_evenly(b, plan.chunks))
                  for d, b in zip(plan.devices, plan.local_batch))
     cache = max(coupled_loss_bytes(cost, CoupledLoss(global_batch=plan.global_batch, local_batch=b,
                                                      grad_cache=True))[1] for b in plan.local_batch)

@@ -52,6 +52,12 @@ def check_chunks(plan, cost: CostModel, family: str) -> None:
         )
 
 
+def no_graph_forward_s(cost: CostModel, dev: int, m: int, precision: str = "fp32") -> float:
+    """The gradient cache's first pass over one chunk of m samples on device dev: the whole model's
+    forward without autograd recording, and the micro-step's overhead."""
+    return cost.nograd_fwd_s(dev, 0, cost.facts.n_blocks, m, precision) + cost.overhead_s(dev, m)
+
+
 def coupled_gather(g: TaskGraph, cost: CostModel, devices: tuple[int, ...], sizes: list[list[int]],
                    grad_cache: bool, precision: str = "fp32") -> int | None:
     """A batch-coupled loss's forward pass on every device (`sizes[i]`: device i's chunks, each
@@ -59,12 +65,12 @@ def coupled_gather(g: TaskGraph, cost: CostModel, devices: tuple[int, ...], size
     all-gather of the outputs after it; the gather's task id (None: a per-sample loss)."""
     if not cost.facts.batch_coupled:
         return None
-    n = cost.facts.n_blocks
     ends = []
     for d, chunks in zip(devices, sizes):
         for j, m in enumerate(chunks):
-            tid = g.add(f"dev{d}", "F", cost.fwd_s(d, 0, n, m, precision) + cost.overhead_s(d, m),
-                        label=f"F{j} no graph" if grad_cache else "F")
+            t = no_graph_forward_s(cost, d, m, precision) if grad_cache else (
+                cost.fwd_s(d, 0, cost.facts.n_blocks, m, precision) + cost.overhead_s(d, m))
+            tid = g.add(f"dev{d}", "F", t, label=f"F{j} no graph" if grad_cache else "F")
         ends.append(tid)
     padded = cost.base_profile.blocks[-1].out_bytes_per_sample * max(sum(c) for c in sizes) * len(devices)
     moves = 1 if grad_cache else 2  # the differentiable gather's backward moves the gradients back

@@ -129,8 +129,8 @@ class PipelineExecutor:
         hi = lo + replica_batches[replica]
         self.is_first = 0 in self.stage_ids
         self.is_last = (n_stages - 1) in self.stage_ids
-        self.x = x[lo:hi].to(ctx.device)
-        self.y = y[lo:hi].to(ctx.device)
+        self.x = x[lo:hi].to(ctx.device, copy=True)  # its own storage, not a view of the global batch
+        self.y = y[lo:hi].to(ctx.device, copy=True)
         self.dp_group = dp_group
 
     def _build_stages(self, schedule: str, boundaries: Sequence[int], checkpoint_blocks: int, pp_group) -> list:

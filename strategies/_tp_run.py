@@ -247,7 +247,8 @@ class TPExecutor:
         lo = offsets(plan.local_batch)[replica]
         hi = lo + plan.local_batch[replica]
         sizes = even_split(hi - lo, plan.accum_steps)
-        self.micro = list(zip(torch.split(x[lo:hi], list(sizes)), torch.split(y[lo:hi], list(sizes))))
+        self.micro = [(a.clone(), b.clone())  # own storage, not views of the global batch (MemTracker counts those)
+                      for a, b in zip(torch.split(x[lo:hi], list(sizes)), torch.split(y[lo:hi], list(sizes)))]
         # DDP averages over replicas: scale each replica's loss sum by dp / global batch.
         self.scale = dp / plan.global_batch
 

@@ -272,8 +272,10 @@ class DataParallelExecutor:
         # A batch-coupled loss (InfoNCE) is taken over every rank's outputs, gathered (_contrastive).
         self.coupled = (GlobalBatchLoss(ctx.workload, plan.local_batch, ctx.rank, ctx.device, plan.precision)
                         if ctx.workload.batch_coupled else None)
-        self.micro = [(a.to(ctx.device), b.to(ctx.device)) for a, b in zip(torch.split(x[lo:hi], sizes),
-                                                                         torch.split(y[lo:hi], sizes))]
+        # Each micro-batch its own tensor, as `.to("cuda")` makes it: on a CPU a view would keep (and
+        # MemTracker would count) the storage of the whole global batch.
+        self.micro = [(a.to(ctx.device, copy=True), b.to(ctx.device, copy=True))
+                      for a, b in zip(torch.split(x[lo:hi], sizes), torch.split(y[lo:hi], sizes))]
         # DDP and FSDP average over ranks: scaling each rank's loss sum by world/global gives the
         # full-batch mean gradient whatever the split (FACTS: FSDP averages like DDP).
         self.scale = ctx.world_size / plan.global_batch
@@ -286,7 +288,8 @@ class DataParallelExecutor:
 
         sizes = split_evenly(len(x), min(self.plan.accum_steps, len(x)))
         dev = self.ctx.device
-        self.micro = [(a.to(dev), b.to(dev)) for a, b in zip(torch.split(x, sizes), torch.split(y, sizes))]
+        self.micro = [(a.to(dev, copy=True), b.to(dev, copy=True)) for a, b in zip(torch.split(x, sizes),
+                                                                                 torch.split(y, sizes))]
         self.scale = self.ctx.world_size / global_size
 
     def _build_model(self):

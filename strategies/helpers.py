@@ -34,6 +34,7 @@ from hetsim.names import BN_MIN_SAMPLES, min_samples_per_micro_batch
 from hetsim.types import MemoryBreakdown
 from hetsim.workloads.precision import autocast
 
+from ._coupled import no_graph_forward_s
 from .base import param
 
 if TYPE_CHECKING:
@@ -216,11 +217,11 @@ def _data_parallel_step_time(cost: CostModel, devices: tuple[int, ...], accum: i
     """(position in `devices`, local batch) -> that device's compute and optimizer time, memoised."""
     n = cost.facts.n_blocks
     opt_params = cost.param_count()
-    forwards = 2 if grad_cache else 1
 
     def compute_time(d: int, b: int) -> float:
-        t = sum(cost.fwd_s(d, 0, n, m, precision) * forwards + cost.bwd_s(d, 0, n, m, precision)
-                + cost.recompute_s(d, 0, n, m, precision, ckpt) + cost.overhead_s(d, m) * forwards
+        t = sum(cost.fwd_s(d, 0, n, m, precision) + cost.bwd_s(d, 0, n, m, precision)
+                + cost.recompute_s(d, 0, n, m, precision, ckpt) + cost.overhead_s(d, m)
+                + (no_graph_forward_s(cost, d, m, precision) if grad_cache else 0.0)
                 for m in split_evenly(b, accum))
         return t + cost.opt_s(d, opt_params)
 

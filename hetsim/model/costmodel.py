@@ -136,23 +136,30 @@ class CostModel:
     # -------------------------------------------------------------- time
 
     def fwd_s(self, dev: int, lo: int, hi: int, mb: float, precision: str = "fp32") -> float:
-        if mb <= 0:
-            return 0.0
-        dev = self.klass[dev]
-        return self.memo(("fwd", dev, lo, hi, mb, precision), lambda: self._blocks_s(dev, lo, hi, mb, precision, True))
+        return self._timed("fwd", dev, lo, hi, mb, precision)
 
     def bwd_s(self, dev: int, lo: int, hi: int, mb: float, precision: str = "fp32") -> float:
+        return self._timed("bwd", dev, lo, hi, mb, precision)
+
+    def nograd_fwd_s(self, dev: int, lo: int, hi: int, mb: float, precision: str = "fp32") -> float:
+        """A forward that records no graph (the gradient cache's first pass); `fwd_s` where the profile
+        did not time one."""
+        return self._timed("nograd", dev, lo, hi, mb, precision)
+
+    def _timed(self, which: str, dev: int, lo: int, hi: int, mb: float, precision: str) -> float:
         if mb <= 0:
             return 0.0
         dev = self.klass[dev]
-        return self.memo(("bwd", dev, lo, hi, mb, precision), lambda: self._blocks_s(dev, lo, hi, mb, precision, False))
+        return self.memo((which, dev, lo, hi, mb, precision), lambda: self._blocks_s(dev, lo, hi, mb, precision, which))
 
-    def _blocks_s(self, dev: int, lo: int, hi: int, mb: float, precision: str, forward: bool) -> float:
+    def _blocks_s(self, dev: int, lo: int, hi: int, mb: float, precision: str, which: str) -> float:
         prof, mult = self._scale[dev]
         key, f = self.precision_factor(dev, precision)
-        if forward:
+        if which == "fwd":
             return mult * f * sum(b.timing[key].fwd_s(mb) for b in prof.blocks[lo:hi])
-        return mult * f * sum(b.timing[key].bwd_s(mb) for b in prof.blocks[lo:hi])
+        if which == "bwd":
+            return mult * f * sum(b.timing[key].bwd_s(mb) for b in prof.blocks[lo:hi])
+        return mult * f * sum((b.timing[key].nograd_fwd_s or b.timing[key].fwd_s)(mb) for b in prof.blocks[lo:hi])
 
     def overhead_s(self, dev: int, mb: float = 0.0) -> float:
         """Per-micro-step time outside the blocks, calibrated against real executor steps."""

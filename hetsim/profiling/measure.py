@@ -22,7 +22,7 @@ from hetsim.types import Fit
 from hetsim.workloads.builtin import PROFILED_OPTIMIZERS, Workload, make_optimizer
 from hetsim.workloads.precision import autocast
 
-FORMAT = "4"
+FORMAT = "5"
 """Part of every profile's fingerprint: bump it when a measured field changes meaning (what is timed,
 how, in which unit), so that recorded profiles are measured again.  A new field with a default needs
 no bump unless a profile without it would be used wrongly.  2: the memory calibration on GPUs no
@@ -31,7 +31,8 @@ longer counts tensors alive before the step, and profiles gained the gradient co
 kept at the host speed of the profile's probe (hetsim.profiling.hostspeed), calibration runs included.
 4: model profiles record their timing spread (`ModelProfile.timing_spread`); format-3 files still load,
 with the spread unknown, but the main job measures them again so that its predictions get an interval
-from this machine's spread."""
+from this machine's spread.  5: block timings keep their measured points (`Fit.measured`) and are
+interpolated between them instead of read off one line; format-4 files still load (as lines)."""
 
 
 def cpu_name() -> str:
@@ -149,8 +150,8 @@ class _Measured:
     probe: HostProbe | None
     """On a CPU every timing is taken beside a host-speed probe and kept at the profile's reference
     speed (hetsim.profiling.hostspeed): the host's slow and fast phases would otherwise bend the fits."""
-    times: dict[str, list[list[tuple[float, float, float]]]]
-    """Per precision, per block: (forward, backward, probe) at each micro-batch."""
+    times: dict[str, list[list[tuple[float, float, float, float]]]]
+    """Per precision, per block: (forward, backward, probe, forward without autograd) at each micro-batch."""
     acts: dict[str, list[list[float]]]
     out_bytes: list[int]
     flops: list[float]
@@ -183,7 +184,7 @@ def profile_model(
     reps: int = 3,
     progress: Callable[[str], None] | None = None,
 ) -> ModelProfile:
-    """Forward/backward time of every block at several micro-batch sizes, fitted linearly;
+    """Forward/backward time of every block at several micro-batch sizes, kept piecewise (`Fit.measured`);
     parameter, activation and output bytes; optimizer step time vs parameter count."""
     model = workload.model().to(device)
     blocks = list(model.named_children())
@@ -200,7 +201,7 @@ def profile_model(
                 progress(f"profiling {workload.name} {prec} micro-batch {mb}")
             _measure_micro_batch(m, model, prec, mb, first=mb == micro_batches[0])
     m.ref = ref_of(m.probes)
-    overhead = [max(0.0, m.at(full, p) - sum(m.at(tf, pk) + m.at(tb, pk) for tf, tb, pk in (ts[j] for ts in m.times["fp32"])))
+    overhead = [max(0.0, m.at(full, p) - sum(m.at(tf, pk) + m.at(tb, pk) for tf, tb, pk, _ in (ts[j] for ts in m.times["fp32"])))
                 for full, p, j in m.fulls]
     bps = _block_profiles(m, micro_batches, precisions)
     opt_fits = _optimizer_fits(model, device, reps, m.probe, m.ref)
@@ -281,7 +282,8 @@ def _measure_block(m: _Measured, k: int, h: torch.Tensor, y: torch.Tensor, prec:
     tfs, p = m.probed(fwd_train)
     tf = statistics.median(tfs)
     tfb = _median_time(fwd_bwd, device, m.reps)
-    m.times[prec][k].append((tf, max(tfb - tf, 0.0), p))
+    tn = _median_time(fwd, device, m.reps)
+    m.times[prec][k].append((tf, max(tfb - tf, 0.0), p, tn))
     m.acts[prec][k].append(float(saved))
     if record:
         m.out_bytes[k] = out[:1].nelement() * 4 if out.dim() > 0 else 4
@@ -290,7 +292,8 @@ def _measure_block(m: _Measured, k: int, h: torch.Tensor, y: torch.Tensor, prec:
 
 
 def _block_profiles(m: _Measured, micro_batches: tuple[int, ...], precisions: tuple[str, ...]) -> list[BlockProfile]:
-    """Each block's sizes and its timings and activation bytes fitted linearly in the micro-batch."""
+    """Each block's sizes, its timings through the measured points (`Fit.measured`) and its activation
+    bytes fitted linearly in the micro-batch."""
     bps = []
     for k, (name, blk) in enumerate(m.blocks):
         pc = sum(p.numel() for p in blk.parameters())
@@ -302,8 +305,9 @@ def _block_profiles(m: _Measured, micro_batches: tuple[int, ...], precisions: tu
                 buffer_bytes=sum(b.numel() * b.element_size() for b in blk.buffers()),
                 timing={
                     p: BlockTiming(
-                        fwd_s=Fit.least_squares(list(micro_batches), [m.at(t[0], t[2]) for t in m.times[p][k]]),
-                        bwd_s=Fit.least_squares(list(micro_batches), [m.at(t[1], t[2]) for t in m.times[p][k]]),
+                        fwd_s=Fit.measured(list(micro_batches), [m.at(t[0], t[2]) for t in m.times[p][k]]),
+                        bwd_s=Fit.measured(list(micro_batches), [m.at(t[1], t[2]) for t in m.times[p][k]]),
+                        nograd_fwd_s=Fit.measured(list(micro_batches), [m.at(t[3], t[2]) for t in m.times[p][k]]),
                     )
                     for p in precisions
                 },

@@ -52,10 +52,18 @@ class ProfileRequest:
     """torchrun settings of the collective benchmark (multi-node runs)."""
 
 
-def micro_batch_sizes(global_batch: int, n_devices: int) -> tuple[int, ...]:
-    """Sizes to profile: from small accumulation micro-batches up to the largest local batch a plan may use."""
+COUPLED_CHUNKS = (4, 8)
+"""Gradient-cache chunk counts whose chunk of an even local batch a batch-coupled workload is also
+profiled at: its plans run many small chunks, and block time per sample is not constant in the batch."""
+
+
+def micro_batch_sizes(global_batch: int, n_devices: int, coupled: bool = False) -> tuple[int, ...]:
+    """Sizes to profile: from small accumulation micro-batches up to the largest local batch a plan may use
+    (`coupled`: with the gradient cache's chunks of an even local batch, `COUPLED_CHUNKS`)."""
     top = max(2, global_batch - (n_devices - 1))
     sizes = {2, max(2, global_batch // (2 * n_devices)), max(2, global_batch // n_devices), top}
+    if coupled:
+        sizes |= {max(2, global_batch // (c * n_devices)) for c in COUPLED_CHUNKS}
     return tuple(sorted(sizes))
 
 
@@ -95,7 +103,7 @@ def measure_profiles(cluster: Cluster, workload, req: ProfileRequest, say: Say =
     torch.set_num_threads(1)  # each worker process computes with one thread
     models: dict[str, ModelProfile] = {}
     devices: dict[str, DeviceProfile] = {}
-    sizes = micro_batch_sizes(req.global_batch, len(cluster.devices))
+    sizes = micro_batch_sizes(req.global_batch, len(cluster.devices), coupled=workload.batch_coupled)
     for kind in measured_kinds(cluster) if kinds is None else kinds:
         device = torch_device(next((d for d in cluster.devices if d.kind == kind), None))
         fp = device_fingerprint(kind, device)

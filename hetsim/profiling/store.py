@@ -21,6 +21,10 @@ class BlockTiming:
 
     fwd_s: Fit
     bwd_s: Fit
+    nograd_fwd_s: Fit | None = None
+    """Forward without autograd recording (the gradient cache's first pass: nothing saved for
+    backward, ~30% cheaper per sample than `fwd_s` on a CPU); None (profiles before format 5, roofline
+    profiles): charged as `fwd_s`."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

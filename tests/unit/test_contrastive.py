@@ -110,3 +110,46 @@ def test_report_says_why_no_accumulation_and_what_the_cache_costs(coupled_cost, 
     assert "accumulation is not offered" in lines[0] and "fewer negatives" in lines[0]
     assert "second forward" in lines[1] and "embedding cache" in lines[1]
     assert coupled_notes("gn_resnet", [], make_cost(), 32) == []
+
+
+def _with_no_grad_forward(cost, factor: float):
+    """`cost` with its profile's no-graph forward timed at `factor` x the forward with a graph."""
+    from dataclasses import replace
+
+    from hetsim.types import Fit
+
+    prof = cost.base_profile
+    blocks = tuple(replace(b, timing={p: replace(t, nograd_fwd_s=Fit(intercept=t.fwd_s.intercept * factor,
+                                                                      slope=t.fwd_s.slope * factor))
+                                      for p, t in b.timing.items()}) for b in prof.blocks)
+    ps = replace(cost.profiles, models={prof.device_kind: replace(prof, blocks=blocks)})
+    return CostModel(cost.cluster, ps, "adamw", batch_coupled=True, logits_per_sample_sq=4)
+
+
+def test_first_pass_is_charged_as_a_forward_without_graph(coupled_cost):
+    """The gradient cache's first pass records no graph: it costs the profile's no-grad forward."""
+    plan = DDPPlan(devices=(0, 1), local_batch=(24, 8), grad_cache_chunks=4)
+    same = _with_no_grad_forward(coupled_cost, 1.0)
+    half = _with_no_grad_forward(coupled_cost, 0.5)
+    _, _, g = DDP().predict(plan, half)
+    first = [t for t in g.tasks if t.label.endswith("no graph") and t.resource == "dev0"]
+    assert len(first) == 4
+    n = half.facts.n_blocks
+    assert first[0].duration_s == pytest.approx(half.nograd_fwd_s(0, 0, n, 6) + half.overhead_s(0, 6))
+    assert half.nograd_fwd_s(0, 0, n, 6) == pytest.approx(0.5 * half.fwd_s(0, 0, n, 6))
+    assert DDP().predict(plan, half)[0].step_time_s < DDP().predict(plan, same)[0].step_time_s
+
+
+def test_grad_cache_holds_every_chunks_input(coupled_cost):
+    """Chunks of one local batch: each chunk's activations in turn, but every chunk's input (and the
+    embedding cache) for the whole step, as MemTracker and the CUDA allocator count them."""
+    from hetsim.model.memory import CoupledLoss, data_parallel_memory
+
+    cost = coupled_cost
+    prof = cost.base_profile
+    one = data_parallel_memory(cost, 0, 6, "fp32", 0, coupled=CoupledLoss(global_batch=32, local_batch=6,
+                                                                         grad_cache=True))
+    four = data_parallel_memory(cost, 0, 6, "fp32", 0, coupled=CoupledLoss(global_batch=32, local_batch=24,
+                                                                          grad_cache=True))
+    per_sample = prof.input_bytes_per_sample + 2 * prof.blocks[-1].out_bytes_per_sample
+    assert four.total_bytes - one.total_bytes == pytest.approx(18 * per_sample, abs=2)
