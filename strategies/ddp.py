@@ -288,8 +288,7 @@ class DataParallelExecutor:
 
         sizes = split_evenly(len(x), min(self.plan.accum_steps, len(x)))
         dev = self.ctx.device
-        self.micro = [(a.to(dev, copy=True), b.to(dev, copy=True)) for a, b in zip(torch.split(x, sizes),
-                                                                                 torch.split(y, sizes))]
+        self.micro = [(a.to(dev), b.to(dev)) for a, b in zip(torch.split(x, sizes), torch.split(y, sizes))]
         self.scale = self.ctx.world_size / global_size
 
     def _build_model(self):

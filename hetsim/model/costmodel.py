@@ -155,11 +155,11 @@ class CostModel:
     def _blocks_s(self, dev: int, lo: int, hi: int, mb: float, precision: str, which: str) -> float:
         prof, mult = self._scale[dev]
         key, f = self.precision_factor(dev, precision)
-        if which == "fwd":
-            return mult * f * sum(b.timing[key].fwd_s(mb) for b in prof.blocks[lo:hi])
-        if which == "bwd":
-            return mult * f * sum(b.timing[key].bwd_s(mb) for b in prof.blocks[lo:hi])
-        return mult * f * sum((b.timing[key].nograd_fwd_s or b.timing[key].fwd_s)(mb) for b in prof.blocks[lo:hi])
+
+        def fit(t):
+            return t.bwd_s if which == "bwd" else (t.nograd_fwd_s or t.fwd_s) if which == "nograd" else t.fwd_s
+
+        return mult * f * sum(fit(b.timing[key])(mb) for b in prof.blocks[lo:hi])
 
     def overhead_s(self, dev: int, mb: float = 0.0) -> float:
         """Per-micro-step time outside the blocks, calibrated against real executor steps."""
