@@ -182,9 +182,11 @@ def _print_summary(out: dict, cfg) -> None:
     print(line, flush=True)
     if "last20_samples_per_s" in out:
         msg = f"last 20 steps: {out['last20_samples_per_s']:.2f} samples/s"
-        if out.get("resolved_predicted_samples_per_s"):
-            msg += (f"; the re-solved split predicts {out['resolved_predicted_samples_per_s']:.2f} "
-                    f"({out['last20_samples_per_s'] / out['resolved_predicted_samples_per_s']:.3f} of it)")
+        check = out.get("rebalance_check")
+        if check:
+            msg += (f"; their re-solved splits predict {check['predicted_samples_per_s']:.2f}, measured "
+                    f"{check['measured_samples_per_s']:.2f} at the prediction's host speed ({check['ratio']:.3f} "
+                    f"of it; raw {check['measured_raw_samples_per_s']:.2f}, {check['ratio_raw']:.3f})")
         print(msg, flush=True)
     print(f"wrote {cfg.out}/summary.json, trace.json (Perfetto), steps.json"
           + (", tensorboard/" if cfg.tensorboard else ""), flush=True)

@@ -129,8 +129,8 @@ class Trainer:
         self.sched = _scheduler(getattr(self.ex, "stepper", self.ex.opt), self.cfg.lr_schedule, self.cfg.steps)
         self.fingerprint = checkpoint.plan_fingerprint(self.pf.plan, self.pf.workload)
         self.start = 0
-        self.probe = HostProbe() if self.emulator is not None and self.pf.ref_probe_s else None
-        self.probes: list[float] = []
+        # Emulated ranks share the host: a probe before each step gives every figure one host speed.
+        self.probe = HostProbe() if self.emulator is not None else None
 
     # ------------------------------------------------------------------ checkpoints
     def resume(self) -> None:
@@ -166,8 +166,7 @@ class Trainer:
         idx, size = self.sampler.next_batch()
         x, y = collate(self.dataset, idx)
         self.ex.load_batch(x, y, size)
-        if self.probe is not None:
-            self.probes.append(self.probe())  # untimed; the step's first collective absorbs the ranks' differences
+        probe = self.probe() if self.probe is not None else 0.0  # untimed; the step's first collective absorbs the ranks' differences
         self.clock.take()
         self.opt_s = 0.0
         if self.device.type == "cuda":
@@ -187,7 +186,7 @@ class Trainer:
             raise FloatingPointError(f"non-finite loss {value} at step {step}")
         self.losses.append(value)
         return monitor.StepRecord(step=step, start_s=t0, wall_s=wall, compute_s=self.clock.take(),
-                                  optimizer_s=self.opt_s, samples=len(idx), loss=value,
+                                  optimizer_s=self.opt_s, samples=len(idx), loss=value, probe_s=probe,
                                   peak_mem_bytes=monitor.peak_memory(self.device),
                                   util_pct=monitor.gpu_utilisation(self.device))
 
@@ -203,17 +202,16 @@ class Trainer:
         if step + 1 >= self.cfg.steps:  # shares re-solved after the last step would never run
             return
         window = self.gather(self.records[-n:])
-        rates = [rebalance.rates_of(r) for r in window]
-        floor = max(1, getattr(self.plan, "accum_steps", 1))
-        shares, pred_compute = rebalance.resolve(rates, self.pf.global_batch, floor)
-        comm = statistics.median(min(ph["comm_s"] for ph in monitor.split_phases(window, i)) for i in range(n))
-        if shares != self.sampler.shares:
-            self.rebalances.append({"step": step + 1, "from": list(self.sampler.shares), "to": list(shares),
-                                    "predicted_step_s": pred_compute + comm})
+        d = rebalance.decide(window, self.pf.global_batch, max(1, getattr(self.plan, "accum_steps", 1)))
+        if d.shares != self.sampler.shares and d.changes:
+            self.rebalances.append({"step": step + 1, "from": list(self.sampler.shares), "to": list(d.shares),
+                                    "predicted_step_s": d.predicted_step_s, "current_step_s": d.current_step_s,
+                                    "probe_s": d.probe_s})
             if self.rank == 0:
-                print(f"rebalanced at step {step + 1}: shares {self.sampler.shares} -> {shares} "
-                      f"(predicted step {pred_compute + comm:.3f} s)", flush=True)
-            self.sampler.shares = shares
+                print(f"rebalanced at step {step + 1}: shares {self.sampler.shares} -> {d.shares} "
+                      f"(predicted step {d.predicted_step_s:.3f} s, {d.current_step_s:.3f} s with the current shares)",
+                      flush=True)
+            self.sampler.shares = d.shares
 
     # ------------------------------------------------------------------ the run
     def run(self) -> dict:
@@ -242,15 +240,13 @@ class Trainer:
 
     def finish(self) -> dict:
         every = self.gather(self.records)
-        probes: list = [None] * self.world
-        dist.all_gather_object(probes, self.probes)
         if self.rank != 0:
             return {}
-        return summarize(self.pf, every, probes, self.losses, self.rebalances, self.cfg)
+        return summarize(self.pf, every, self.losses, self.rebalances, self.cfg)
 
 
-def summarize(pf: PlanFile, every: list[list[monitor.StepRecord]], probes: list[list[float]], losses: list[float],
-              rebalances: list[dict], cfg: TrainConfig) -> dict:
+def summarize(pf: PlanFile, every: list[list[monitor.StepRecord]], losses: list[float], rebalances: list[dict],
+               cfg: TrainConfig) -> dict:
     """Throughput of the timed steps (raw and at the profiles' host speed), loss, rebalancing; files."""
     cfg.out.mkdir(parents=True, exist_ok=True)
     if not every[0]:  # resumed from the last step's checkpoint: nothing left to run
@@ -260,7 +256,7 @@ def summarize(pf: PlanFile, every: list[list[monitor.StepRecord]], probes: list[
         return out
     timed = slice(TIMING_WARMUP, None) if len(every[0]) > TIMING_WARMUP else slice(0, None)
     ranks = [RankResult(rank=r, status="ok", step_s=tuple(x.wall_s for x in recs[timed]),
-                        probe_s=tuple(probes[r][timed]) if len(probes[r]) == len(recs) else ())
+                        probe_s=tuple(x.probe_s for x in recs[timed]) if all(x.probe_s > 0 for x in recs) else ())
              for r, recs in enumerate(every)]
     raw_step, _ = summarize_steps(ranks)
     at_ref_step, _ = summarize_steps(ranks, pf.ref_probe_s) if pf.ref_probe_s else (raw_step, ())
@@ -273,8 +269,11 @@ def summarize(pf: PlanFile, every: list[list[monitor.StepRecord]], probes: list[
     last = [recs[-20:] for recs in every]
     if len(every[0]) >= 20:
         out["last20_samples_per_s"] = gb / statistics.median(max(r[i].wall_s for r in last) for i in range(len(last[0])))
-        if rebalances:
-            out["resolved_predicted_samples_per_s"] = gb / rebalances[-1]["predicted_step_s"]
+        check = rebalance.compare_last(every, rebalances)
+        if check is not None:
+            out["rebalance_check"] = {**check, "predicted_samples_per_s": gb / check["predicted_step_s"],
+                                      "measured_samples_per_s": gb / check["measured_step_s"],
+                                      "measured_raw_samples_per_s": gb / check["measured_raw_step_s"]}
     monitor.write_trace(every, cfg.out / "trace.json")
     (cfg.out / "steps.json").write_text(json.dumps(monitor.records_json(every)))
     (cfg.out / "summary.json").write_text(json.dumps(out, indent=1))

@@ -35,6 +35,8 @@ class StepRecord:
     loss: float | None = None
     peak_mem_bytes: int = 0
     util_pct: float | None = None
+    probe_s: float = 0.0
+    """The host-speed probe timed before the step (emulated ranks; 0: none)."""
 
 
 class PhaseClock:

@@ -9,7 +9,7 @@ import pytest
 from hetsim.search.export import best_row, torchrun_lines, write_launch_script
 from hetsim.search.train import __main__ as cli
 from hetsim.search.train.monitor import StepRecord, split_phases, write_trace
-from hetsim.search.train.rebalance import Rates, resolve
+from hetsim.search.train.rebalance import compare_last, decide, resolve
 from hetsim.search.train.sampler import PlanSampler, proportional_split
 from hetsim.strategies.ddp import DDPPlan
 
@@ -73,10 +73,50 @@ def test_drop_last_skips_the_short_batch():
 
 
 def test_rebalance_gives_a_slower_rank_fewer_samples():
-    shares, t = resolve([Rates(0.01, 0.1), Rates(0.02, 0.1)], 30, 1)
-    assert shares == (20, 10)
-    assert t == pytest.approx(0.3)
-    assert resolve([Rates(0.01, 0.0), Rates(0.01, 0.0)], 32, 1)[0] == (16, 16)
+    assert resolve([0.01, 0.02], 30, 1) == (20, 10)
+    assert resolve([0.01, 0.01], 32, 1) == (16, 16)
+    assert resolve([0.01, 0.05], 30, 8) == (22, 8)  # the floor (accumulation steps) holds
+
+
+def _window(shares, per_sample, opt, rest, probe=0.0, steps=5):
+    """Every rank's records of `steps` steps: compute per_sample[r] x share, wall = slowest compute + opt + rest."""
+    comp = [p * b for p, b in zip(per_sample, shares)]
+    wall = max(comp) + max(opt) + rest
+    return [[StepRecord(step=i, start_s=0.0, wall_s=wall, compute_s=c, optimizer_s=o, samples=b, probe_s=probe)
+             for i in range(steps)] for c, o, b in zip(comp, opt, shares)]
+
+
+def test_rebalance_balances_compute_and_replays_the_window():
+    # Rank 1 slowed 2x, its optimizer too: compute is balanced (22/11 of 33), the optimizer is not.
+    w = _window((17, 16), (0.01, 0.02), (0.05, 0.10), rest=0.02)
+    d = decide(w, 33, 1)
+    assert d.shares == (22, 11)
+    assert d.current_step_s == pytest.approx(0.32 + 0.10 + 0.02)
+    assert d.predicted_step_s == pytest.approx(0.22 + 0.10 + 0.02)
+    assert d.changes and d.probe_s == 0.0
+
+
+def test_rebalance_keeps_a_split_within_the_noise():
+    w = _window((17, 15), (0.0100, 0.0105), (0.05, 0.05), rest=0.02)
+    d = decide(w, 32, 1)
+    assert d.shares == (16, 16)
+    assert not d.changes  # 1.6 % faster predicted: below MIN_GAIN
+
+
+def test_the_last_steps_are_compared_at_the_predictions_host_speed():
+    before = _window((16, 16), (0.01, 0.01), (0.0, 0.0), rest=0.0, probe=0.010, steps=10)
+    after = _window((16, 16), (0.01, 0.01), (0.0, 0.0), rest=0.0, probe=0.020, steps=20)  # host twice as slow
+    every = [a + b for a, b in zip(before, after)]
+    for recs in every:
+        for i, r in enumerate(recs):
+            r.step = i
+    rb = [{"step": 10, "predicted_step_s": 0.16, "probe_s": 0.010}]
+    check = compare_last(every, rb)
+    assert check["steps"] == 20
+    assert check["measured_raw_step_s"] == pytest.approx(0.16)
+    assert check["measured_step_s"] == pytest.approx(0.08)  # at the prediction's probe
+    assert check["ratio"] == pytest.approx(2.0) and check["ratio_raw"] == pytest.approx(1.0)
+    assert compare_last([recs[:15] for recs in every], rb) is None  # fewer than 20 steps
 
 
 def _rec(step, wall, compute, opt=0.0, start=0.0):
