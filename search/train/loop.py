@@ -246,7 +246,7 @@ class Trainer:
 
 
 def summarize(pf: PlanFile, every: list[list[monitor.StepRecord]], losses: list[float], rebalances: list[dict],
-               cfg: TrainConfig) -> dict:
+              cfg: TrainConfig) -> dict:
     """Throughput of the timed steps (raw and at the profiles' host speed), loss, rebalancing; files."""
     cfg.out.mkdir(parents=True, exist_ok=True)
     if not every[0]:  # resumed from the last step's checkpoint: nothing left to run
