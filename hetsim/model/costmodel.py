@@ -157,7 +157,11 @@ class CostModel:
         key, f = self.precision_factor(dev, precision)
 
         def fit(t):
-            return t.bwd_s if which == "bwd" else (t.nograd_fwd_s or t.fwd_s) if which == "nograd" else t.fwd_s
+            if which == "bwd":
+                return t.bwd_s
+            if which == "nograd" and t.nograd_fwd_s is not None:
+                return t.nograd_fwd_s
+            return t.fwd_s  # also the no-graph forward of a profile that did not time one
 
         return mult * f * sum(fit(b.timing[key])(mb) for b in prof.blocks[lo:hi])
 

@@ -69,8 +69,10 @@ def window_probes(window: Sequence[Sequence[StepRecord]]) -> list[float]:
     return shared_probes([[r.probe_s for r in recs] if all(r.probe_s > 0 for r in recs) else [] for recs in window])
 
 
-def replay_step_s(window: Sequence[Sequence[StepRecord]], shares: Sequence[int]) -> tuple[float, float]:
-    """(median replayed step time with `shares`, the probe it is expressed at): see the module's doc."""
+def replay_step_s(window: Sequence[Sequence[StepRecord]], shares: Sequence[int],
+                  probes: Sequence[float] = ()) -> tuple[float, float]:
+    """(median replayed step time with `shares`, the probe it is expressed at): see the module's doc.
+    `probes`: the window's `window_probes` (raw times without)."""
     steps = []
     for i in range(len(window[0])):
         recs = [w[i] for w in window]
@@ -79,7 +81,6 @@ def replay_step_s(window: Sequence[Sequence[StepRecord]], shares: Sequence[int])
         rest = max(0.0, max(r.wall_s for r in recs) - compute - opt)
         scaled = max(r.compute_s * s / r.samples if r.samples else 0.0 for r, s in zip(recs, shares))
         steps.append(scaled + opt + rest)
-    probes = window_probes(window)
     ref = statistics.median(probes) if probes else 0.0
     return statistics.median(at_ref(steps, probes, ref)), ref
 
@@ -88,8 +89,9 @@ def decide(window: Sequence[Sequence[StepRecord]], global_batch: int, floor: int
     """Re-solve the split from one window of every rank's records (rank order)."""
     shares = resolve([per_sample_s(recs) for recs in window], global_batch, floor)
     current = tuple(recs[-1].samples for recs in window)
-    predicted, ref = replay_step_s(window, shares)
-    now, _ = replay_step_s(window, current)
+    probes = window_probes(window)
+    predicted, ref = replay_step_s(window, shares, probes)
+    now, _ = replay_step_s(window, current, probes)
     return Decision(shares=shares, predicted_step_s=predicted, current_step_s=now, probe_s=ref)
 
 
