@@ -25,7 +25,13 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from hetsim.errors import InfeasiblePlanError, UnknownNameError
-from hetsim.model.memory import block_activations, optimizer_step_temp_bytes, temporaries_bytes
+from hetsim.model.memory import (
+    block_activations,
+    largest_param_bytes,
+    optimizer_step_temp_bytes,
+    split_grad_bytes,
+    temporaries_bytes,
+)
 from hetsim.model.simulator import Resource, TaskGraph, TaskKind
 from hetsim.types import MemoryBreakdown
 
@@ -354,6 +360,8 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
       blocks save, boundary tensors shared by adjacent blocks counted once, as `hetsim.model.memory`
       models a whole step); during a backward, the stage's blocks sweep like a whole model's
       (block k holds all it saved or recomputes) plus the calibrated temporaries of a backward;
+      a zero-bubble schedule's split backward keeps each stage's graph and its captured activation
+      gradients from the input backward (I) to the weight backward (W);
     - the optimizer step, after every activation is freed: its temporaries
       (`optimizer_step_temp_bytes`), which is where a late stage with small activations peaks.
     """
@@ -365,6 +373,8 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
     sweep: dict[int, float] = {}
     numels: list[int] = []
     wgrad: dict[int, float] = {}
+    igrads: dict[int, float] = {}
+    out_grad: dict[int, float] = {}
     for s in stages:
         lo, hi = boundaries[s], boundaries[s + 1]
         p, gr, o = stage_state(cost, lo, hi)
@@ -379,25 +389,51 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
             before += k_b
         sweep[s] = max(0.0, worst - kept[s])
         numels += [n for b in cost.base_profile.blocks[lo:hi] for n in b.param_numels]
-        wgrad[s] = float(cost.param_bytes(lo, hi))
-    temps = temporaries_bytes(cost, micro, precision)
+        wgrad[s] = 4.0 * max((n for b in cost.base_profile.blocks[lo:hi] for n in b.param_numels), default=0)
+        # Past the first stage, stage_backward_input also leaves the input's gradient on the input
+        # (`inp.grad`), which the stage keeps with its backward state until W.
+        igrads[s] = split_grad_bytes(cost, lo, hi, micro, precision) + (
+            cost.base_profile.blocks[lo - 1].out_bytes_per_sample * micro if lo > 0 else 0.0)
+        out_grad[s] = float(cost.base_profile.blocks[hi - 1].out_bytes_per_sample * micro)
+    # The calibrated temporaries of a whole model's backward include the gradient of its largest
+    # parameter before accumulation: a stage's backward has its own largest instead, and an input
+    # backward computes no parameter gradient at all.
+    grad_temp = float(largest_param_bytes(cost))
+    temps = max(0.0, temporaries_bytes(cost, micro, precision) - grad_temp)
     split = any(a.kind == "W" for a in actions)
-    held = 0.0
+    last = len(boundaries) - 2
+    held = waiting = 0.0
     best = (0.0, float(optimizer_step_temp_bytes(cost.optimizer, numels)))  # (activations, other)
     for a in actions:
+        s = a.stage
         if a.kind == "F":
-            held += kept[a.stage]
-            phase = (held, 0.0)
-        elif a.kind in ("B", "I"):
-            phase = (held + sweep[a.stage], temps)
+            held += kept[s]
+            phase = (held, waiting)
+        elif a.kind == "B" or (a.kind == "W" and s == 0):
+            # A backward sweeps the stage.  torch skips the first stage's input backward (its input
+            # needs no gradient) and runs its weight backward as one full backward.
+            phase = (held + sweep[s], waiting + temps + wgrad[s])
+        elif a.kind == "I" and s > 0:
+            phase = (held + sweep[s], waiting + temps)
+        elif a.kind == "I":
+            phase = (held, waiting)
         else:
-            # A split weight gradient (torch.autograd.grad) returns fresh gradients of the whole stage
-            # before they are accumulated: measured 2x the stage's parameters (resnet50, ZBVZeroBubble).
-            phase = (held, 2.0 * wgrad[a.stage])
+            # stage_backward_weight asks autograd for one parameter group's gradients at a time (the
+            # parameters sharing a graph node: a convolution's weight, a norm's weight and bias) and
+            # adds them into .grad: the fresh group, about the stage's largest parameter, is the
+            # transient (MemTracker: 7.9 MiB on the last resnet50 stage, whose largest weight is 9 MiB).
+            phase = (held, waiting + wgrad[s])
         if sum(phase) > sum(best):
             best = phase
+        if a.kind == "I":
+            # Kept for the weight backward: the received output gradient and, past the first stage,
+            # the parameter groups' captured activation gradients (with the retained graph, in `kept`).
+            waiting += out_grad[s] if s < last else 0.0
+            waiting += igrads[s] if s > 0 else 0.0
         if a.kind == ("W" if split else "B"):
-            held -= kept[a.stage]
+            held -= kept[s]
+            if split:
+                waiting -= (out_grad[s] if s < last else 0.0) + (igrads[s] if s > 0 else 0.0)
     return MemoryBreakdown(params_bytes=params, grads_bytes=grads, optim_bytes=optim,
                            activations_bytes=int(best[0]), other_bytes=int(best[1]))
 

@@ -236,6 +236,16 @@ def temporaries_bytes(cost: CostModel, mb: float, precision: str) -> float:
     return fit(mb) if fit is not None else 0.0
 
 
+def split_grad_bytes(cost: CostModel, lo: int, hi: int, mb: float, precision: str) -> float:
+    """Activation gradients blocks [lo, hi) keep from a zero-bubble input backward to its weight
+    backward, for one micro-batch of `mb` samples (0 from profiles that did not record them)."""
+    out = 0.0
+    for b in cost.base_profile.blocks[lo:hi]:
+        per = b.split_grad_bytes_per_sample
+        out += (per.get(precision, per.get("fp32", 0.0))) * mb
+    return out
+
+
 def largest_param_bytes(cost: CostModel) -> int:
     """The largest single parameter (fp32 bytes): the gradient temporary a plain step creates
     before accumulating it, which FSDP's fresh unsharded gradients replace."""

@@ -22,7 +22,7 @@ from hetsim.types import Fit
 from hetsim.workloads.builtin import PROFILED_OPTIMIZERS, Workload, make_optimizer
 from hetsim.workloads.precision import autocast
 
-FORMAT = "5"
+FORMAT = "6"
 """Part of every profile's fingerprint: bump it when a measured field changes meaning (what is timed,
 how, in which unit), so that recorded profiles are measured again.  A new field with a default needs
 no bump unless a profile without it would be used wrongly.  2: the memory calibration on GPUs no
@@ -32,7 +32,9 @@ kept at the host speed of the profile's probe (hetsim.profiling.hostspeed), cali
 4: model profiles record their timing spread (`ModelProfile.timing_spread`); format-3 files still load,
 with the spread unknown, but the main job measures them again so that its predictions get an interval
 from this machine's spread.  5: block timings keep their measured points (`Fit.measured`) and are
-interpolated between them instead of read off one line; format-4 files still load (as lines)."""
+interpolated between them instead of read off one line; format-4 files still load (as lines).  6: blocks
+record the activation gradients a zero-bubble schedule keeps between a stage's input and weight backward
+(`BlockProfile.split_grad_bytes_per_sample`); without them such a pipeline's memory is under-predicted."""
 
 
 def cpu_name() -> str:
@@ -138,6 +140,30 @@ def _saved_bytes(fn: Callable[[], torch.Tensor], exclude: set[int]) -> tuple[tor
     return out, sum(seen.values())
 
 
+def _split_grad_bytes(outputs: list[torch.Tensor], output_grads: list[torch.Tensor] | None, inp: torch.Tensor,
+                      params: list[nn.Parameter]) -> int:
+    """Bytes of the activation gradients a zero-bubble schedule keeps from a stage's input backward (I)
+    to its weight backward (W): torch's own `stage_backward_input` run on the block, its parameter
+    groups' captured gradients counted once per storage.  0 where this torch lacks it."""
+    try:
+        from torch.distributed.pipelining._backward import stage_backward_input
+    except ImportError:  # pragma: no cover - torch without distributed
+        return 0
+    if not params or not inp.requires_grad:
+        return 0
+    try:
+        _, groups = stage_backward_input(outputs, output_grads, [inp], iter(params))
+    except (RuntimeError, TypeError, ValueError):  # a block torch's split backward cannot take: none kept
+        return 0
+    seen: dict[int, int] = {}
+    for group in groups:
+        for grads in group.get("grads") or ():
+            for g in grads or ():
+                if isinstance(g, torch.Tensor):
+                    seen.setdefault(g.untyped_storage().data_ptr(), g.untyped_storage().nbytes())
+    return sum(seen.values())
+
+
 @dataclass
 class _Measured:
     """What `profile_model` times and counts, gathered over its precisions and micro-batches."""
@@ -153,6 +179,8 @@ class _Measured:
     times: dict[str, list[list[tuple[float, float, float, float]]]]
     """Per precision, per block: (forward, backward, probe, forward without autograd) at each micro-batch."""
     acts: dict[str, list[list[float]]]
+    split_grads: dict[str, list[float]]
+    """Per precision, per block: `_split_grad_bytes` per sample, at the first micro-batch."""
     out_bytes: list[int]
     flops: list[float]
     fulls: list[tuple[float, float, int]] = field(default_factory=list)
@@ -193,6 +221,7 @@ def profile_model(
         param_ptrs={p.untyped_storage().data_ptr() for p in model.parameters()},
         probe=HostProbe() if device.type == "cpu" else None,
         times={p: [[] for _ in blocks] for p in precisions}, acts={p: [[] for _ in blocks] for p in precisions},
+        split_grads={p: [0.0] * len(blocks) for p in precisions},
         out_bytes=[0] * len(blocks), flops=[0.0] * len(blocks),
     )
     for prec in precisions:
@@ -236,7 +265,7 @@ def _measure_micro_batch(m: _Measured, model: nn.Module, prec: str, mb: int, fir
     m.input_bytes = x[:1].nelement() * x.element_size()
     h = x
     for k in range(len(m.blocks)):
-        h = _measure_block(m, k, h, y, prec, mb, record=prec == "fp32" and first)
+        h = _measure_block(m, k, h, y, prec, mb, record=prec == "fp32" and first, split=first)
     if prec == "fp32":
         ts, p = m.probed(lambda: m.workload.loss_sum(model(x), y).backward())
         m.fulls.append((statistics.median(ts), p, len(m.times[prec][0]) - 1))
@@ -245,9 +274,10 @@ def _measure_micro_batch(m: _Measured, model: nn.Module, prec: str, mb: int, fir
 
 
 def _measure_block(m: _Measured, k: int, h: torch.Tensor, y: torch.Tensor, prec: str, mb: int,
-                   record: bool) -> torch.Tensor:
+                   record: bool, split: bool = False) -> torch.Tensor:
     """Forward and backward time and saved bytes of block k on input h (`record`: its output bytes and
-    FLOPs too); returns the block's output, the next block's input."""
+    FLOPs too; `split`: its zero-bubble activation gradients); returns the block's output, the next
+    block's input."""
     blk = m.blocks[k][1]
     device = m.device
     inp = h.detach().requires_grad_(k > 0 and h.is_floating_point())
@@ -288,7 +318,12 @@ def _measure_block(m: _Measured, k: int, h: torch.Tensor, y: torch.Tensor, prec:
     if record:
         m.out_bytes[k] = out[:1].nelement() * 4 if out.dim() > 0 else 4
         m.flops[k] = _flops(fwd, mb)
-    return fwd().float() if out.is_floating_point() else fwd()
+    nxt = fwd().float() if out.is_floating_point() else fwd()
+    if split and out.requires_grad:  # last: uses (and detaches) the graph of the counted forward
+        outputs = [m.workload.loss_sum(out.float(), y)] if make_loss is not None else [out]
+        grads = None if make_loss is not None else [grad]
+        m.split_grads[prec][k] = _split_grad_bytes(outputs, grads, inp, list(blk.parameters())) / mb
+    return nxt
 
 
 def _block_profiles(m: _Measured, micro_batches: tuple[int, ...], precisions: tuple[str, ...]) -> list[BlockProfile]:
@@ -315,6 +350,7 @@ def _block_profiles(m: _Measured, micro_batches: tuple[int, ...], precisions: tu
                 out_bytes_per_sample=m.out_bytes[k],
                 flops_per_sample=m.flops[k],
                 param_numels=tuple(p.numel() for p in blk.parameters()),
+                split_grad_bytes_per_sample={p: m.split_grads[p][k] for p in precisions},
             )
         )
     return bps

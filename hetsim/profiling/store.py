@@ -43,6 +43,11 @@ class BlockProfile:
     flops_per_sample: float
     param_numels: tuple[int, ...] = ()
     """Elements of each parameter, in model order (ZeroRedundancyOptimizer partitions whole parameters)."""
+    split_grad_bytes_per_sample: dict[str, float] = field(default_factory=dict)
+    """Per precision: bytes of activation gradients that a zero-bubble schedule's input backward keeps
+    for the weight backward of this block (torch's `stage_backward_input` captures, for each parameter
+    group, the gradient reaching the graph node where the group meets the input path), per sample.
+    Empty in profiles before this field: counted as 0."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -187,4 +187,4 @@ def test_profile_model_records_the_spread_of_its_whole_model_timings(monkeypatch
     torch.set_num_threads(1)
     prof = measure.profile_model(load_workload("mlp", 32), "emu-cpu", torch.device("cpu"), (2, 4), ("fp32",))
     assert calls and prof.timing_spread == pytest.approx(0.1)
-    assert prof.fingerprint["format"] == measure.FORMAT == "5"
+    assert prof.fingerprint["format"] == measure.FORMAT == "6"
