@@ -352,7 +352,7 @@ def stage_state(cost: CostModel, lo: int, hi: int) -> tuple[int, int, int]:
 
 
 def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence[int], micro: int,
-                precision: str, ckpt: int) -> MemoryBreakdown:
+                precision: str, ckpt: int, replicated: bool = False) -> MemoryBreakdown:
     """Bytes one pipeline rank holds at its peak.
 
     Its stages' state (parameters, buffers, gradients, optimizer state) plus the largest of
@@ -363,7 +363,9 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
       a zero-bubble schedule's split backward keeps each stage's graph and its captured activation
       gradients from the input backward (I) to the weight backward (W);
     - the optimizer step, after every activation is freed: its temporaries
-      (`optimizer_step_temp_bytes`), which is where a late stage with small activations peaks.
+      (`optimizer_step_temp_bytes`), which is where a late stage with small activations peaks;
+    - `replicated` (data-parallel replicas of the pipeline): the gradient sum over the replicas, one
+      flattened copy of the rank's gradients (`PipelineExecutor._sum_grads_over_replicas`).
     """
 
     stages = sorted({a.stage for a in actions})
@@ -375,6 +377,7 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
     wgrad: dict[int, float] = {}
     igrads: dict[int, float] = {}
     out_grad: dict[int, float] = {}
+    grad_sweep: dict[int, float] = {}
     for s in stages:
         lo, hi = boundaries[s], boundaries[s + 1]
         p, gr, o = stage_state(cost, lo, hi)
@@ -383,11 +386,17 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
         k_s = [ba.kept[k] + (ba.shared[k] if k == lo else 0.0) for k in range(lo, hi)]
         f_s = [ba.full[k] + (ba.shared[k] if k == lo else 0.0) for k in range(lo, hi)]
         kept[s] = sum(k_s)
-        before = worst = 0.0
-        for k_b, f_b in zip(k_s, f_s):
+        # A block's backward also holds its internal activation gradients (split_grad_bytes): where
+        # a block with large activations runs its backward late (a checkpointed early stage
+        # recomputing them), they, not the whole model's calibrated temporaries, set the peak.
+        g_s = [split_grad_bytes(cost, k, k + 1, micro, precision) for k in range(lo, hi)]
+        before = worst = worst_g = 0.0
+        for k_b, f_b, g_b in zip(k_s, f_s, g_s):
             worst = max(worst, before + f_b)
+            worst_g = max(worst_g, before + f_b + g_b)
             before += k_b
         sweep[s] = max(0.0, worst - kept[s])
+        grad_sweep[s] = max(0.0, worst_g - worst)
         numels += [n for b in cost.base_profile.blocks[lo:hi] for n in b.param_numels]
         wgrad[s] = 4.0 * max((n for b in cost.base_profile.blocks[lo:hi] for n in b.param_numels), default=0)
         # Past the first stage, stage_backward_input also leaves the input's gradient on the input
@@ -404,6 +413,8 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
     last = len(boundaries) - 2
     held = waiting = 0.0
     best = (0.0, float(optimizer_step_temp_bytes(cost.optimizer, numels)))  # (activations, other)
+    if replicated and grads > best[1]:
+        best = (0.0, float(grads))
     for a in actions:
         s = a.stage
         if a.kind == "F":
@@ -412,9 +423,9 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
         elif a.kind == "B" or (a.kind == "W" and s == 0):
             # A backward sweeps the stage.  torch skips the first stage's input backward (its input
             # needs no gradient) and runs its weight backward as one full backward.
-            phase = (held + sweep[s], waiting + temps + wgrad[s])
+            phase = (held + sweep[s], waiting + max(temps, grad_sweep[s]) + wgrad[s])
         elif a.kind == "I" and s > 0:
-            phase = (held + sweep[s], waiting + temps)
+            phase = (held + sweep[s], waiting + max(temps, grad_sweep[s]))
         elif a.kind == "I":
             phase = (held, waiting)
         else:
@@ -443,7 +454,8 @@ def replicas_memory(cost: CostModel, schedule: str, n_ranks: int, boundaries: Se
     """`rank_memory` of every rank of data-parallel replicas of one pipeline of `n_ranks` ranks,
     replica by replica (replica i's micro-batches hold `micros[i]` samples)."""
     acts = rank_actions(schedule, n_ranks, m, (len(boundaries) - 1) // max(1, n_ranks))
-    return tuple(rank_memory(cost, acts[k % n_ranks], boundaries, micros[k // n_ranks], precision, ckpt)
+    return tuple(rank_memory(cost, acts[k % n_ranks], boundaries, micros[k // n_ranks], precision, ckpt,
+                             replicated=len(micros) > 1)
                  for k in range(n_ranks * len(micros)))
 
 

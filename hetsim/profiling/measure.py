@@ -319,6 +319,12 @@ def _measure_block(m: _Measured, k: int, h: torch.Tensor, y: torch.Tensor, prec:
         m.out_bytes[k] = out[:1].nelement() * 4 if out.dim() > 0 else 4
         m.flops[k] = _flops(fwd, mb)
     nxt = fwd().float() if out.is_floating_point() else fwd()
+    if split and k == 0 and h.is_floating_point():
+        # The first block's input needs no gradient in training; here it does, so that its internal
+        # activation gradients are counted as every other block's (`rank_memory`'s backward sweep).
+        inp = h.detach().requires_grad_(True)
+        with autocast(device, prec):
+            out = blk(inp)
     if split and out.requires_grad:  # last: uses (and detaches) the graph of the counted forward
         outputs = [m.workload.loss_sum(out.float(), y)] if make_loss is not None else [out]
         grads = None if make_loss is not None else [grad]

@@ -46,8 +46,9 @@ class BlockProfile:
     split_grad_bytes_per_sample: dict[str, float] = field(default_factory=dict)
     """Per precision: bytes of activation gradients that a zero-bubble schedule's input backward keeps
     for the weight backward of this block (torch's `stage_backward_input` captures, for each parameter
-    group, the gradient reaching the graph node where the group meets the input path), per sample.
-    Empty in profiles before this field: counted as 0."""
+    group, the gradient reaching the graph node where the group meets the input path), per sample:
+    the activation gradients inside the block, which any backward of the block creates (counted for the
+    first block too, as if its input needed a gradient).  Empty in profiles before this field: 0."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
