@@ -17,12 +17,13 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import statistics
 import time
 from datetime import datetime, timezone
 
 import pytest
-from bench_config import GLOBAL_BATCH, LOCAL, RESULTS
+from bench_config import GLOBAL_BATCH, LOCAL, PRECISIONS, RESULTS
 from fidelity_suite import knobs, suite_plans
 from hetsim.search import golden
 
@@ -126,6 +127,55 @@ def _guarded(fn, *args):
         return fn(*args), None
     except Exception as e:  # re-raised by the caller once the benchmark has its timing
         return None, e
+
+
+REPEAT_MAX = 0.02
+"""Two recordings made back to back must predict the suite's plans within this of each other (median)."""
+REPEAT_TIMEOUT_S = 1800
+
+
+@pytest.mark.timeout(REPEAT_TIMEOUT_S)
+def test_recording_repeatability(ctx, cost, cluster, workload, profiles):
+    """A second recording right after the session's own (profiles, then calibration, as the main job
+    records them) predicts every plan of the suite again; the two predictions are compared at one
+    host speed (each recording's times are at its own probe's, hetsim.profiling.hostspeed).  Written
+    to results/local/bench/repeatability.json; runs before the fidelity suite (file order), so the two
+    recordings are back to back."""
+    from hetsim.search.calibrate import obtain_profiles
+
+    from hetsim.model.costmodel import CostModel
+
+    root = LOCAL / "repeat"
+    shutil.rmtree(root / "profiles", ignore_errors=True)
+    t0 = time.perf_counter()
+    again = obtain_profiles(cluster, workload, root=root, global_batch=GLOBAL_BATCH, precisions=PRECISIONS)
+    cost2 = CostModel(cluster, again, workload.optimizer, has_batchnorm=workload.has_batchnorm,
+                      batch_coupled=workload.batch_coupled)
+    ref1, ref2 = profile_ref(profiles.models.values()), profile_ref(again.models.values())
+    scale = ref1 / ref2 if ref1 > 0 and ref2 > 0 else 1.0
+    rows = []
+    for plan in suite_plans(ctx):
+        strat = strategies.get(plan.strategy)
+        p1, p2 = strat.predict(plan, cost)[0], strat.predict(plan, cost2)[0]
+        rows.append({"label": strat.label(plan), "pred_step_time_s": [p1.step_time_s, p2.step_time_s],
+                     "step_time_diff": abs(p2.step_time_s * scale / p1.step_time_s - 1),
+                     "step_time_diff_raw": abs(p2.step_time_s / p1.step_time_s - 1),
+                     "peak_mem_diff": max(abs(b / a - 1) for a, b in zip(p1.peak_mem_bytes, p2.peak_mem_bytes))})
+    diffs = [r["step_time_diff"] for r in rows]
+    result = {"n_plans": len(rows), "median_step_time_diff": statistics.median(diffs), "max_step_time_diff": max(diffs),
+              "median_step_time_diff_raw": statistics.median(r["step_time_diff_raw"] for r in rows),
+              "median_peak_mem_diff": statistics.median(r["peak_mem_diff"] for r in rows),
+              "probe_s": [ref1, ref2], "bound": REPEAT_MAX, "second_recording_s": time.perf_counter() - t0,
+              "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "plans": rows}
+    LOCAL.mkdir(parents=True, exist_ok=True)
+    (LOCAL / "repeatability.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(f"recording repeatability: two recordings back to back predict the suite's {len(rows)} plans within "
+          f"{result['median_step_time_diff']:.1%} of each other (median; max {result['max_step_time_diff']:.1%}; "
+          f"raw {result['median_step_time_diff_raw']:.1%}, probes {ref1 * 1e3:.1f} and {ref2 * 1e3:.1f} ms); "
+          f"peak memory {result['median_peak_mem_diff']:.2%}", flush=True)
+    assert result["median_step_time_diff"] <= REPEAT_MAX, (
+        f"two back-to-back recordings predict the suite {result['median_step_time_diff']:.1%} apart (median) "
+        f"> {REPEAT_MAX:.0%} (see {LOCAL / 'repeatability.json'})")
 
 
 @pytest.mark.timeout(FIDELITY_TIMEOUT_S)

@@ -30,7 +30,7 @@ from hetsim.execution.memtrack import measure_step, peak_breakdown
 
 from ._contrastive import pipeline_loss
 from ._pipeline_sched import ZERO_BUBBLE, rank_stages
-from .helpers import apply_checkpointing, autocast, grads_of_one_pass, train_step
+from .helpers import apply_checkpointing, autocast, grads_of_one_pass, own_micro_batches, train_step
 
 
 class _CategoryTotalsOnly:
@@ -129,8 +129,7 @@ class PipelineExecutor:
         hi = lo + replica_batches[replica]
         self.is_first = 0 in self.stage_ids
         self.is_last = (n_stages - 1) in self.stage_ids
-        self.x = x[lo:hi].to(ctx.device, copy=True)  # its own storage, not a view of the global batch
-        self.y = y[lo:hi].to(ctx.device, copy=True)
+        [(self.x, self.y)] = own_micro_batches(x, y, lo, hi, [hi - lo], ctx.device)  # the schedule splits it
         self.dp_group = dp_group
 
     def _build_stages(self, schedule: str, boundaries: Sequence[int], checkpoint_blocks: int, pp_group) -> list:

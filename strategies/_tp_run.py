@@ -44,7 +44,7 @@ from hetsim.errors import InfeasiblePlanError
 from hetsim.execution.emulation import Emulator
 
 from ._tp_shards import TransformerDims, dims_from_spec, even_split, offsets, qkv_rows, unit_range
-from .helpers import grads_of_one_pass, train_step
+from .helpers import grads_of_one_pass, own_micro_batches, train_step
 
 
 class SyncClock:
@@ -247,8 +247,7 @@ class TPExecutor:
         lo = offsets(plan.local_batch)[replica]
         hi = lo + plan.local_batch[replica]
         sizes = even_split(hi - lo, plan.accum_steps)
-        self.micro = [(a.clone(), b.clone())  # own storage, not views of the global batch (MemTracker counts those)
-                      for a, b in zip(torch.split(x[lo:hi], list(sizes)), torch.split(y[lo:hi], list(sizes)))]
+        self.micro = own_micro_batches(x, y, lo, hi, sizes, ctx.device)
         # DDP averages over replicas: scale each replica's loss sum by dp / global batch.
         self.scale = dp / plan.global_batch
 

@@ -35,6 +35,7 @@ from .helpers import (
     knobs_label,
     local_floor,
     min_micro_batch,
+    own_micro_batches,
     split_evenly,
     train_step,
     uneven_split,
@@ -262,8 +263,6 @@ class DataParallelExecutor:
     _forward_backward."""
 
     def __init__(self, plan: DDPPlan, ctx: WorkerContext):
-        import torch
-
         self.plan, self.ctx = plan, ctx
         x, y = ctx.workload.make_batch(plan.global_batch, ctx.seed)
         lo = sum(plan.local_batch[: ctx.rank])
@@ -272,10 +271,7 @@ class DataParallelExecutor:
         # A batch-coupled loss (InfoNCE) is taken over every rank's outputs, gathered (_contrastive).
         self.coupled = (GlobalBatchLoss(ctx.workload, plan.local_batch, ctx.rank, ctx.device, plan.precision)
                         if ctx.workload.batch_coupled else None)
-        # Each micro-batch its own tensor, as `.to("cuda")` makes it: on a CPU a view would keep (and
-        # MemTracker would count) the storage of the whole global batch.
-        self.micro = [(a.to(ctx.device, copy=True), b.to(ctx.device, copy=True))
-                      for a, b in zip(torch.split(x[lo:hi], sizes), torch.split(y[lo:hi], sizes))]
+        self.micro = own_micro_batches(x, y, lo, hi, sizes, ctx.device)
         # DDP and FSDP average over ranks: scaling each rank's loss sum by world/global gives the
         # full-batch mean gradient whatever the split (FACTS: FSDP averages like DDP).
         self.scale = ctx.world_size / plan.global_batch
@@ -284,11 +280,8 @@ class DataParallelExecutor:
     def load_batch(self, x, y, global_size: int) -> None:
         """Train on this rank's samples (x, y) of a global batch of `global_size` next (hetsim.search.train):
         split into the plan's micro-steps, the loss scaled for the new global size."""
-        import torch
-
         sizes = split_evenly(len(x), min(self.plan.accum_steps, len(x)))
-        dev = self.ctx.device
-        self.micro = [(a.to(dev), b.to(dev)) for a, b in zip(torch.split(x, sizes), torch.split(y, sizes))]
+        self.micro = own_micro_batches(x, y, 0, len(x), sizes, self.ctx.device)
         self.scale = self.ctx.world_size / global_size
 
     def _build_model(self):

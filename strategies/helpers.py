@@ -252,6 +252,15 @@ def batchnorm_warning(cost: CostModel, devices: tuple[int, ...], micro_batches: 
 CKPT_PREFIX = "_checkpoint_wrapped_module."
 
 
+def own_micro_batches(x: torch.Tensor, y: torch.Tensor, lo: int, hi: int, sizes: Sequence[int],
+                      device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Samples [lo, hi) of a global batch, split into micro-batches of `sizes` samples, each its own
+    tensor on `device`, as `.to("cuda")` makes it: on a CPU a view would keep (and MemTracker would
+    count) the storage of the whole global batch."""
+    return [(a.to(device, copy=True), b.to(device, copy=True))
+            for a, b in zip(torch.split(x[lo:hi], list(sizes)), torch.split(y[lo:hi], list(sizes)))]
+
+
 def apply_checkpointing(model: nn.Sequential, k: int) -> None:
     """Wrap the first k blocks in non-reentrant activation checkpointing (torch's own wrapper)."""
     if k <= 0:

@@ -63,7 +63,7 @@ def at_ref(times: Sequence[float], probes: Sequence[float], ref: float) -> list[
 
 def shared_probes(per_rank: Sequence[Sequence[float]]) -> list[float]:
     """One host-speed probe per step for all the ranks of a run: the mean of the probes the ranks
-    timed before that step (empty when a rank has none, or not one per step).
+    timed before that step (empty when a rank has none, not one per step, or an unprobed step: 0).
 
     The ranks of a run share one step period, so one estimate of the host's speed applies to all of
     them.  A rank's own probe also carries its recent past: a vCPU that idled (a pipeline rank
@@ -71,7 +71,7 @@ def shared_probes(per_rank: Sequence[Sequence[float]]) -> list[float]:
     300 ms of sleep 17-21 ms, after 300 ms of work 14-17 ms).  Normalising each rank by its own
     probe and taking the slowest rank then picked the rank whose probe happened to be warm: in one
     model-parallel run the two ranks' probes were 18.5 and 14 ms for the same steps."""
-    if not per_rank or not all(per_rank) or len({len(p) for p in per_rank}) != 1:
+    if not per_rank or not all(p and all(x > 0 for x in p) for p in per_rank) or len({len(p) for p in per_rank}) != 1:
         return []
     return [sum(ps) / len(ps) for ps in zip(*per_rank)]
 

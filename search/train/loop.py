@@ -256,7 +256,7 @@ def summarize(pf: PlanFile, every: list[list[monitor.StepRecord]], losses: list[
         return out
     timed = slice(TIMING_WARMUP, None) if len(every[0]) > TIMING_WARMUP else slice(0, None)
     ranks = [RankResult(rank=r, status="ok", step_s=tuple(x.wall_s for x in recs[timed]),
-                        probe_s=tuple(x.probe_s for x in recs[timed]) if all(x.probe_s > 0 for x in recs) else ())
+                        probe_s=tuple(x.probe_s for x in recs[timed]))  # 0: unprobed (shared_probes)
              for r, recs in enumerate(every)]
     raw_step, _ = summarize_steps(ranks)
     at_ref_step, _ = summarize_steps(ranks, pf.ref_probe_s) if pf.ref_probe_s else (raw_step, ())

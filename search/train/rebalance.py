@@ -66,7 +66,7 @@ def resolve(per_sample: Sequence[float], global_batch: int, floor: int) -> tuple
 
 def window_probes(window: Sequence[Sequence[StepRecord]]) -> list[float]:
     """One host-speed probe per step of the window (the ranks' mean); empty when a rank has none."""
-    return shared_probes([[r.probe_s for r in recs] if all(r.probe_s > 0 for r in recs) else [] for recs in window])
+    return shared_probes([[r.probe_s for r in recs] for recs in window])
 
 
 def replay_step_s(window: Sequence[Sequence[StepRecord]], shares: Sequence[int],

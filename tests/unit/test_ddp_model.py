@@ -145,3 +145,19 @@ def test_heap_balance_matches_linear_scan_and_brute_force(speeds):
                 best = min(max(step_time(i, b) for i, b in enumerate(s)) for s in feasible)
                 assert all(fits(i, b) for i, b in enumerate(got))
                 assert max(step_time(i, b) for i, b in enumerate(got)) == pytest.approx(best, rel=1e-12)
+
+
+def test_micro_batches_are_their_own_tensors_on_the_rank_device():
+    """Every executor's micro-batches: on a CPU their own storage (a view would keep, and MemTracker
+    count, the whole global batch), and on the rank's device (the tensor-parallel executor once left
+    them on the host, which a CUDA model refuses)."""
+    import torch
+    from hetsim.strategies.helpers import own_micro_batches
+
+    x, y = torch.arange(20.0).view(10, 2), torch.arange(10)
+    micro = own_micro_batches(x, y, 2, 8, [4, 2], torch.device("cpu"))
+    assert [len(a) for a, _ in micro] == [4, 2]
+    assert torch.equal(torch.cat([a for a, _ in micro]), x[2:8]) and torch.equal(torch.cat([b for _, b in micro]), y[2:8])
+    assert all(a.untyped_storage().data_ptr() != x.untyped_storage().data_ptr() for a, _ in micro)
+    moved = own_micro_batches(x, y, 0, 10, [5, 5], torch.device("meta"))
+    assert all(a.device.type == b.device.type == "meta" for a, b in moved)

@@ -54,6 +54,7 @@ def test_shared_probes_need_every_rank_probed_at_every_step():
     assert shared_probes([(0.02, 0.03), (0.01, 0.01)]) == pytest.approx([0.015, 0.02])
     assert shared_probes([(0.02, 0.03), ()]) == []
     assert shared_probes([(0.02, 0.03), (0.01,)]) == []
+    assert shared_probes([(0.02, 0.03), (0.01, 0.0)]) == []  # an unprobed step
     unprobed = RankResult(rank=1, status="ok", step_s=(1.0, 2.0), probe_s=())
     probed = RankResult(rank=0, status="ok", step_s=(1.0, 3.0), probe_s=(0.02, 0.02))
     assert summarize_steps([probed, unprobed], 0.010)[1] == (2.0, 1.5)  # raw: no common probe
