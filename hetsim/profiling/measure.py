@@ -34,7 +34,9 @@ with the spread unknown, but the main job measures them again so that its predic
 from this machine's spread.  5: block timings keep their measured points (`Fit.measured`) and are
 interpolated between them instead of read off one line; format-4 files still load (as lines).  6: blocks
 record the activation gradients a zero-bubble schedule keeps between a stage's input and weight backward
-(`BlockProfile.split_grad_bytes_per_sample`); without them such a pipeline's memory is under-predicted."""
+(`BlockProfile.split_grad_bytes_per_sample`); without them such a pipeline's memory is under-predicted.
+Every point is timed in interleaved rounds and `ModelProfile.timing_spread` is the whole model's spread
+across them (before: across three timings in a row, which missed the host's slow phases)."""
 
 
 def cpu_name() -> str:
@@ -176,27 +178,39 @@ class _Measured:
     probe: HostProbe | None
     """On a CPU every timing is taken beside a host-speed probe and kept at the profile's reference
     speed (hetsim.profiling.hostspeed): the host's slow and fast phases would otherwise bend the fits."""
-    times: dict[str, list[list[tuple[float, float, float, float]]]]
-    """Per precision, per block: (forward, backward, probe, forward without autograd) at each micro-batch."""
+    times: dict[str, list[dict[int, list[tuple[float, float, float, float]]]]]
+    """Per precision, per block, per micro-batch size: (forward, backward, probe, forward without
+    autograd), one per round."""
     acts: dict[str, list[list[float]]]
     split_grads: dict[str, list[float]]
     """Per precision, per block: `_split_grad_bytes` per sample, at the first micro-batch."""
     out_bytes: list[int]
     flops: list[float]
     fulls: list[tuple[float, float, int]] = field(default_factory=list)
-    """Whole-model time, its probe, the index of its micro-batch."""
-    full_spreads: list[float] = field(default_factory=list)
-    """Relative MAD of each whole-model timing's repetitions."""
+    """Whole-model time, its probe, its micro-batch size (one per round)."""
     probes: list[float] = field(default_factory=list)
+    round: int = 0
+    """The round being measured: every point is timed once per round, the rounds interleaved."""
     input_bytes: int = 0
     ref: float = 0.0
     """The reference probe time (set once everything is measured)."""
 
+    @property
+    def warmup(self) -> int:
+        """A warm-up call before a timing in the first round only (later rounds find it warm)."""
+        return 1 if self.round == 0 else 0
+
     def probed(self, fn: Callable[[], object]) -> tuple[list[float], float]:
-        """Every repetition's time and the host probe taken just before them."""
+        """One timing of fn and the host probe taken just before it."""
         p = self.probe() if self.probe is not None else 0.0
         self.probes.append(p)
-        return _times(fn, self.device, self.reps), p
+        return _times(fn, self.device, 1, self.warmup), p
+
+    def point(self, prec: str, k: int, mb: int) -> tuple[float, float, float]:
+        """Block k's (forward, backward, forward without autograd) at micro-batch mb: the median over
+        the rounds of each timing at the reference host speed."""
+        ts = self.times[prec][k][mb]
+        return tuple(statistics.median(self.at(t[i], t[2]) for t in ts) for i in (0, 1, 3))
 
     def at(self, t: float, p: float) -> float:
         """Time t, taken beside probe p, at the reference host speed."""
@@ -213,25 +227,37 @@ def profile_model(
     progress: Callable[[str], None] | None = None,
 ) -> ModelProfile:
     """Forward/backward time of every block at several micro-batch sizes, kept piecewise (`Fit.measured`);
-    parameter, activation and output bytes; optimizer step time vs parameter count."""
+    parameter, activation and output bytes; optimizer step time vs parameter count.
+
+    Every point is timed `reps` times in interleaved rounds (each round over every precision and
+    micro-batch size, every other round in reverse order) and the median kept: this host slows down
+    for 10-60 s at a time, and three timings in a row fell into one slow phase together (two
+    recordings back to back disagreed by up to 65 % on single blocks).  The whole model's timings
+    across the rounds give the profile's spread."""
     model = workload.model().to(device)
     blocks = list(model.named_children())
     m = _Measured(
         workload=workload, device=device, reps=reps, blocks=blocks,
         param_ptrs={p.untyped_storage().data_ptr() for p in model.parameters()},
         probe=HostProbe() if device.type == "cpu" else None,
-        times={p: [[] for _ in blocks] for p in precisions}, acts={p: [[] for _ in blocks] for p in precisions},
+        times={p: [{} for _ in blocks] for p in precisions}, acts={p: [[] for _ in blocks] for p in precisions},
         split_grads={p: [0.0] * len(blocks) for p in precisions},
         out_bytes=[0] * len(blocks), flops=[0.0] * len(blocks),
     )
-    for prec in precisions:
-        for mb in micro_batches:
-            if progress:
-                progress(f"profiling {workload.name} {prec} micro-batch {mb}")
-            _measure_micro_batch(m, model, prec, mb, first=mb == micro_batches[0])
+    rounds = max(1, reps)
+    for r in range(rounds):
+        m.round = r
+        for prec in precisions:
+            for mb in (micro_batches if r % 2 == 0 else tuple(reversed(micro_batches))):
+                if progress:
+                    progress(f"profiling {workload.name} {prec} micro-batch {mb}"
+                             + (f" (round {r + 1}/{rounds})" if rounds > 1 else ""))
+                _measure_micro_batch(m, model, prec, mb, first=r == 0 and mb == micro_batches[0])
     m.ref = ref_of(m.probes)
-    overhead = [max(0.0, m.at(full, p) - sum(m.at(tf, pk) + m.at(tb, pk) for tf, tb, pk, _ in (ts[j] for ts in m.times["fp32"])))
-                for full, p, j in m.fulls]
+    overhead = [max(0.0, m.at(full, p) - sum(sum(m.point("fp32", k, mb)[:2]) for k in range(len(blocks))))
+                for full, p, mb in m.fulls]
+    by_mb = [[m.at(full, p) for full, p, j in m.fulls if j == mb] for mb in micro_batches]
+    spreads = [rel_mad(ts) for ts in by_mb if len(ts) > 1]
     bps = _block_profiles(m, micro_batches, precisions)
     opt_fits = _optimizer_fits(model, device, reps, m.probe, m.ref)
     cosines = {p: grad_cosine(workload, device, p, min(16, max(micro_batches))) for p in precisions if p != "fp32"}
@@ -251,7 +277,7 @@ def profile_model(
         host_opt_step_s=host_fits,
         step_overhead_s=statistics.median(overhead) if overhead else 0.0,
         probe_s=m.ref,
-        timing_spread=statistics.median(m.full_spreads) if m.full_spreads else None,
+        timing_spread=statistics.median(spreads) if spreads else None,
         input_bytes_per_sample=m.input_bytes,
         memory=profile_memory(workload, device, micro_batches, precisions),
     )
@@ -268,8 +294,7 @@ def _measure_micro_batch(m: _Measured, model: nn.Module, prec: str, mb: int, fir
         h = _measure_block(m, k, h, y, prec, mb, record=prec == "fp32" and first, split=first)
     if prec == "fp32":
         ts, p = m.probed(lambda: m.workload.loss_sum(model(x), y).backward())
-        m.fulls.append((statistics.median(ts), p, len(m.times[prec][0]) - 1))
-        m.full_spreads.append(rel_mad(ts))
+        m.fulls.append((statistics.median(ts), p, mb))
     model.zero_grad(set_to_none=True)
 
 
@@ -311,10 +336,11 @@ def _measure_block(m: _Measured, k: int, h: torch.Tensor, y: torch.Tensor, prec:
 
     tfs, p = m.probed(fwd_train)
     tf = statistics.median(tfs)
-    tfb = _median_time(fwd_bwd, device, m.reps)
-    tn = _median_time(fwd, device, m.reps)
-    m.times[prec][k].append((tf, max(tfb - tf, 0.0), p, tn))
-    m.acts[prec][k].append(float(saved))
+    tfb = _median_time(fwd_bwd, device, 1, m.warmup)
+    tn = _median_time(fwd, device, 1, m.warmup)
+    m.times[prec][k].setdefault(mb, []).append((tf, max(tfb - tf, 0.0), p, tn))
+    if m.round == 0:
+        m.acts[prec][k].append(float(saved))
     if record:
         m.out_bytes[k] = out[:1].nelement() * 4 if out.dim() > 0 else 4
         m.flops[k] = _flops(fwd, mb)
@@ -346,9 +372,9 @@ def _block_profiles(m: _Measured, micro_batches: tuple[int, ...], precisions: tu
                 buffer_bytes=sum(b.numel() * b.element_size() for b in blk.buffers()),
                 timing={
                     p: BlockTiming(
-                        fwd_s=Fit.measured(list(micro_batches), [m.at(t[0], t[2]) for t in m.times[p][k]]),
-                        bwd_s=Fit.measured(list(micro_batches), [m.at(t[1], t[2]) for t in m.times[p][k]]),
-                        nograd_fwd_s=Fit.measured(list(micro_batches), [m.at(t[3], t[2]) for t in m.times[p][k]]),
+                        fwd_s=Fit.measured(list(micro_batches), [m.point(p, k, mb)[0] for mb in micro_batches]),
+                        bwd_s=Fit.measured(list(micro_batches), [m.point(p, k, mb)[1] for mb in micro_batches]),
+                        nograd_fwd_s=Fit.measured(list(micro_batches), [m.point(p, k, mb)[2] for mb in micro_batches]),
                     )
                     for p in precisions
                 },

@@ -170,21 +170,38 @@ def test_bench_accuracy_carries_the_regret():
     assert acc.top1_regret == pytest.approx(1 - 0.24 / 0.3)
 
 
-def test_profile_model_records_the_spread_of_its_whole_model_timings(monkeypatch):
+def test_profile_model_times_every_point_in_interleaved_rounds(monkeypatch):
+    """Each point is timed once per round, the rounds over every micro-batch size in alternating order,
+    and the median kept; the profile's spread is that of the whole model's timings across the rounds
+    (here 10 %, relative MAD)."""
     import torch
 
     from hetsim.profiling import measure
     from hetsim.workloads.builtin import load_workload
 
-    calls = []
+    order, calls, now = [], [], {}
+    real = measure._measure_micro_batch
 
-    def fake_times(fn, device, reps, warmup=1):  # every repetition set spread by 10 % (relative MAD)
+    def spy(m, model, prec, mb, first):
+        order.append((m.round, mb))
+        now["round"] = m.round
+        return real(m, model, prec, mb, first)
+
+    def fake_times(fn, device, reps, warmup=1):  # every timing of round r takes the r-th value
         fn()
         calls.append(reps)
-        return [0.010, 0.011, 0.008]
+        return [(0.010, 0.011, 0.008)[now.get("round", 0)]] * reps
 
+    class FixedProbe:  # a steady host: times at the reference speed are the raw ones
+        def __call__(self):
+            return 0.016
+
+    monkeypatch.setattr(measure, "_measure_micro_batch", spy)
     monkeypatch.setattr(measure, "_times", fake_times)
+    monkeypatch.setattr(measure, "HostProbe", FixedProbe)
     torch.set_num_threads(1)
     prof = measure.profile_model(load_workload("mlp", 32), "emu-cpu", torch.device("cpu"), (2, 4), ("fp32",))
+    assert order == [(0, 2), (0, 4), (1, 4), (1, 2), (2, 2), (2, 4)]
     assert calls and prof.timing_spread == pytest.approx(0.1)
+    assert all(b.timing["fp32"].fwd_s(mb) == pytest.approx(0.010) for b in prof.blocks for mb in (2, 4))
     assert prof.fingerprint["format"] == measure.FORMAT == "6"
