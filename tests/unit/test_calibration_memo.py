@@ -21,3 +21,22 @@ def test_failed_uniform_calibration(make_cost, gn_profile, tmp_path, monkeypatch
     assert not any(m.sync_residual_s for m in profiles.models.values())
     if status == "oom":
         assert "not repeated" in said[-1] and "--reprofile" in said[-1]
+
+
+@pytest.mark.parametrize("steps, runs, kept", [((1.0, 1.02), 2, 1.01), ((1.0, 1.3, 1.04), 3, 1.04)])
+def test_calibration_runs_out_vote_an_outlier(monkeypatch, steps, runs, kept):
+    """Two runs, and a third only when they disagree by more than the noise floor; the median is kept
+    (one run caught in a slow phase had moved the data-parallel term by 0.16 s)."""
+    seq = iter(steps)
+    calls = []
+
+    def fake_measure(*a, **k):
+        calls.append(1)
+        return Measurement(status="ok", step_time_s=next(seq))
+
+    monkeypatch.setattr(calibrate, "measure", fake_measure)
+    said: list[str] = []
+    _, step = calibrate.robust_step_s(object(), cluster=None, workload=type("W", (), {"spec": "x", "optimizer": "sgd"}),
+                                      ref_probe_s=0.0, steps=10, say=said.append)
+    assert len(calls) == runs and step == pytest.approx(kept)
+    assert bool(said) == (runs == 3)
