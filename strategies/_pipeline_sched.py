@@ -375,8 +375,7 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
     sweep: dict[int, float] = {}
     numels: list[int] = []
     wgrad: dict[int, float] = {}
-    igrads: dict[int, float] = {}
-    out_grad: dict[int, float] = {}
+    pending: dict[int, float] = {}
     grad_sweep: dict[int, float] = {}
     for s in stages:
         lo, hi = boundaries[s], boundaries[s + 1]
@@ -398,19 +397,20 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
         sweep[s] = max(0.0, worst - kept[s])
         grad_sweep[s] = max(0.0, worst_g - worst)
         numels += [n for b in cost.base_profile.blocks[lo:hi] for n in b.param_numels]
-        wgrad[s] = 4.0 * max((n for b in cost.base_profile.blocks[lo:hi] for n in b.param_numels), default=0)
-        # Past the first stage, stage_backward_input also leaves the input's gradient on the input
-        # (`inp.grad`), which the stage keeps with its backward state until W.
-        igrads[s] = split_grad_bytes(cost, lo, hi, micro, precision) + (
-            cost.base_profile.blocks[lo - 1].out_bytes_per_sample * micro if lo > 0 else 0.0)
-        out_grad[s] = float(cost.base_profile.blocks[hi - 1].out_bytes_per_sample * micro)
+        wgrad[s] = float(largest_param_bytes(cost, lo, hi))
+        # What a split backward keeps from I to W: the received output gradient (none on the last
+        # stage) and, past the first stage, the parameter groups' captured activation gradients and
+        # the input's gradient that stage_backward_input leaves on the input (`inp.grad`).  The
+        # retained graph itself is in `kept`.
+        blocks = cost.base_profile.blocks
+        pending[s] = (float(blocks[hi - 1].out_bytes_per_sample * micro) if hi < boundaries[-1] else 0.0) + (
+            sum(g_s) + blocks[lo - 1].out_bytes_per_sample * micro if s > 0 else 0.0)
     # The calibrated temporaries of a whole model's backward include the gradient of its largest
     # parameter before accumulation: a stage's backward has its own largest instead, and an input
     # backward computes no parameter gradient at all.
     grad_temp = float(largest_param_bytes(cost))
     temps = max(0.0, temporaries_bytes(cost, micro, precision) - grad_temp)
     split = any(a.kind == "W" for a in actions)
-    last = len(boundaries) - 2
     held = waiting = 0.0
     best = (0.0, float(optimizer_step_temp_bytes(cost.optimizer, numels)))  # (activations, other)
     if replicated and grads > best[1]:
@@ -437,14 +437,11 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
         if sum(phase) > sum(best):
             best = phase
         if a.kind == "I":
-            # Kept for the weight backward: the received output gradient and, past the first stage,
-            # the parameter groups' captured activation gradients (with the retained graph, in `kept`).
-            waiting += out_grad[s] if s < last else 0.0
-            waiting += igrads[s] if s > 0 else 0.0
+            waiting += pending[s]
         if a.kind == ("W" if split else "B"):
             held -= kept[s]
             if split:
-                waiting -= (out_grad[s] if s < last else 0.0) + (igrads[s] if s > 0 else 0.0)
+                waiting -= pending[s]
     return MemoryBreakdown(params_bytes=params, grads_bytes=grads, optim_bytes=optim,
                            activations_bytes=int(best[0]), other_bytes=int(best[1]))
 

@@ -246,10 +246,10 @@ def split_grad_bytes(cost: CostModel, lo: int, hi: int, mb: float, precision: st
     return out
 
 
-def largest_param_bytes(cost: CostModel) -> int:
-    """The largest single parameter (fp32 bytes): the gradient temporary a plain step creates
-    before accumulating it, which FSDP's fresh unsharded gradients replace."""
-    numels = [n for b in cost.base_profile.blocks for n in b.param_numels]
+def largest_param_bytes(cost: CostModel, lo: int = 0, hi: int | None = None) -> int:
+    """The largest single parameter (fp32 bytes) of blocks [lo, hi): the gradient temporary a plain
+    step creates before accumulating it, which FSDP's fresh unsharded gradients replace."""
+    numels = [n for b in cost.base_profile.blocks[lo:hi] for n in b.param_numels]
     return 4 * max(numels) if numels else 0
 
 

@@ -172,7 +172,6 @@ class _Measured:
 
     workload: Workload
     device: torch.device
-    reps: int
     blocks: list[tuple[str, nn.Module]]
     param_ptrs: set[int]
     probe: HostProbe | None
@@ -237,7 +236,7 @@ def profile_model(
     model = workload.model().to(device)
     blocks = list(model.named_children())
     m = _Measured(
-        workload=workload, device=device, reps=reps, blocks=blocks,
+        workload=workload, device=device, blocks=blocks,
         param_ptrs={p.untyped_storage().data_ptr() for p in model.parameters()},
         probe=HostProbe() if device.type == "cpu" else None,
         times={p: [{} for _ in blocks] for p in precisions}, acts={p: [[] for _ in blocks] for p in precisions},
