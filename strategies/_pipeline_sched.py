@@ -26,8 +26,10 @@ from typing import TYPE_CHECKING
 
 from hetsim.errors import InfeasiblePlanError, UnknownNameError
 from hetsim.model.memory import (
+    LOSS_KEPT_COPIES,
     block_activations,
     largest_param_bytes,
+    loss_temporaries_bytes,
     optimizer_step_temp_bytes,
     split_grad_bytes,
     temporaries_bytes,
@@ -410,6 +412,17 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
     # backward computes no parameter gradient at all.
     grad_temp = float(largest_param_bytes(cost))
     temps = max(0.0, temporaries_bytes(cost, micro, precision) - grad_temp)
+    # Only the stage that holds the model's last block computes the loss: it keeps the output and the
+    # loss's saved tensors from forward to backward, and its backward has the rest of the loss's
+    # temporaries; the other stages have none of them (a transformer's logits dominate a whole
+    # step's temporaries: on a bert pipeline the rank without the head measured 2.9 MiB of
+    # temporaries where the whole-model figure was 16.8).
+    last = next((s for s in stages if boundaries[s + 1] == boundaries[-1]), None)
+    stage_temps = {s: max(0.0, temps - loss_temporaries_bytes(cost, micro)) for s in stages}
+    if last is not None:
+        loss_kept = loss_temporaries_bytes(cost, micro, LOSS_KEPT_COPIES)
+        kept[last] += loss_kept
+        stage_temps[last] = max(0.0, temps - loss_kept)
     split = any(a.kind == "W" for a in actions)
     held = waiting = 0.0
     best = (0.0, float(optimizer_step_temp_bytes(cost.optimizer, numels)))  # (activations, other)
@@ -423,9 +436,9 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
         elif a.kind == "B" or (a.kind == "W" and s == 0):
             # A backward sweeps the stage.  torch skips the first stage's input backward (its input
             # needs no gradient) and runs its weight backward as one full backward.
-            phase = (held + sweep[s], waiting + max(temps, grad_sweep[s]) + wgrad[s])
+            phase = (held + sweep[s], waiting + max(stage_temps[s], grad_sweep[s]) + wgrad[s])
         elif a.kind == "I" and s > 0:
-            phase = (held + sweep[s], waiting + max(temps, grad_sweep[s]))
+            phase = (held + sweep[s], waiting + max(stage_temps[s], grad_sweep[s]))
         elif a.kind == "I":
             phase = (held, waiting)
         else:

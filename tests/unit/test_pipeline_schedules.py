@@ -15,6 +15,7 @@ from pipeline_synth import synthetic_cost
 
 from hetsim import strategies
 from hetsim.errors import InfeasiblePlanError, UnknownNameError
+from hetsim.model.memory import LOSS_KEPT_COPIES
 
 PIPE = strategies.get("pipeline")
 
@@ -125,14 +126,16 @@ def test_action_round_trip():
 
 @pytest.mark.parametrize("p,m", [(2, 4), (4, 4), (4, 8)])
 def test_activations_in_flight(p, m):
-    """GPipe holds every micro-batch; torch's 1F1B holds at most p - s on stage s."""
+    """GPipe holds every micro-batch; torch's 1F1B holds at most p - s on stage s (the last stage
+    also keeps each one's output and the loss's saved tensor: `LOSS_KEPT_COPIES` x 1000 bytes)."""
     assert inflight_counts(rank_actions("GPipe", p, m, 1), p) == (m,) * p
     assert inflight_counts(rank_actions("1F1B", p, m, 1), p) == tuple(min(m, p - s) for s in range(p))
     cost = synthetic_cost([1.0] * p, [1e-3] * p, act_bytes=[1e4] * p)
     gp = PIPE.memory(uniform_plan(p, m, "GPipe", per_stage=1), cost)
     ofob = PIPE.memory(uniform_plan(p, m, "1F1B", per_stage=1), cost)
     assert gp[0].activations_bytes == m * 4 * 10_000
-    assert [x.activations_bytes for x in ofob] == [min(m, p - s) * 4 * 10_000 for s in range(p)]
+    loss = [LOSS_KEPT_COPIES * 1000 if s == p - 1 else 0 for s in range(p)]
+    assert [x.activations_bytes for x in ofob] == [min(m, p - s) * 4 * (10_000 + loss[s]) for s in range(p)]
 
 
 @pytest.mark.parametrize("schedule", ["GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
