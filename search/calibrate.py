@@ -86,6 +86,7 @@ def calibrate(cluster: Cluster, workload, profiles: ProfileSet, req: ProfileRequ
         profiles = calibrate_sync(cluster, workload, profiles, req.root, say)
         profiles = calibrate_sharded(cluster, workload, profiles, req.root, say)
         profiles = calibrate_pipeline(cluster, workload, profiles, req.root, say, req.global_batch)
+        profiles = calibrate_tp(cluster, workload, profiles, req.root, say, req.global_batch)
     say(f"calibration ready in {time.perf_counter() - t0:.0f} s")
     return profiles
 
@@ -320,3 +321,65 @@ def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: P
         save(prof, model_profile_path(root, kind, workload.spec))
         models[kind] = prof
     return replace(profiles, models=models)
+
+
+TP_FIELDS = {"tp_dtensor_collective_s": True, "tp_collective_s": False}
+"""The tensor-parallel terms and whether their calibration plan runs through DTensor."""
+
+
+def calibrate_tp(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say, global_batch: int,
+                 delta: float = 1e-3) -> ProfileSet:
+    """Two short real tensor-parallel steps over the whole cluster as one tensor group (transformer
+    workloads, clusters of 2, 4 or 8 devices): DTensor's even shards and the solved per-rank slices.
+    Each stores the per-collective residual that makes its simulated step equal the measured one:
+    (measured - simulated) / the all-reduces on the critical path (found, like the pipeline term's
+    actions, as how much 1 ms more per collective lengthens the simulated step).  On equal devices
+    the solved shards are the even ones (DTensor's), so the slices term stays uncalibrated (0)."""
+    from hetsim.strategies.tp import TP, TP_SIZES, build_plan, tp_dims
+
+    n = len(cluster.devices)
+    key = group_key(cluster.devices)
+
+    def cost_with(field: str | None = None, value: float = 0.0) -> CostModel:
+        models = profiles.models if field is None else {
+            k: replace(p, **{field: {**getattr(p, field), key: value}}) for k, p in profiles.models.items()}
+        return CostModel(cluster, replace(profiles, models=models), workload.optimizer,
+                         has_batchnorm=workload.has_batchnorm, batch_coupled=workload.batch_coupled)
+
+    cost0 = cost_with()
+    if n not in TP_SIZES or tp_dims(cost0) is None:
+        return profiles
+    tp = TP()
+    for field, dtensor in TP_FIELDS.items():
+        tag = f"{field}:{key}"
+        if all(key in getattr(m, field) or tag in m.calib_failed for m in profiles.models.values()):
+            continue
+        try:
+            plan = build_plan(cost0, tuple(range(n)), n, "fast_links", global_batch, even=dtensor)
+        except InfeasiblePlanError:
+            continue
+        if plan.dtensor != dtensor:
+            continue
+        zero = cost_with(field, 0.0)
+        pred0 = tp.predict(plan, zero)[0].step_time_s
+        n_crit = (tp.predict(plan, cost_with(field, delta))[0].step_time_s - pred0) / delta
+        say(f"calibrating tensor parallelism: a real {tp.label(plan)} step on all {n} devices")
+        m, real = robust_step_s(plan, cluster=cluster, workload=workload, ref_probe_s=profile_ref(profiles.models.values()),
+                                steps=6, say=say)
+        failed = real is None or n_crit <= 0
+        if failed:
+            say(f"tensor-parallel calibration run failed ({m.status}); its all-reduces carry no calibrated overhead")
+        else:
+            per = (real - pred0) / n_crit
+            say(f"  measured {real:.3f} s, simulated {pred0:.3f} s over {n_crit:.0f} critical all-reduces: "
+                f"{per * 1e3:+.2f} ms each")
+        models = {}
+        for kind, prof in profiles.models.items():
+            if failed:
+                prof = replace(prof, calib_failed={**prof.calib_failed, tag: m.status})
+            else:
+                prof = replace(prof, **{field: {**getattr(prof, field), key: per}})
+            save(prof, model_profile_path(root, kind, workload.spec))
+            models[kind] = prof
+        profiles = replace(profiles, models=models)
+    return profiles

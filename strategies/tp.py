@@ -11,7 +11,9 @@ Simulation: per micro-step, every layer is two compute segments per rank, each f
 all-reduce of one activation (micro-batch x seq x d_model) over the group (forward: after the
 row-parallel products; backward: the column-parallel input gradients); embedding and head in full
 on every rank; with replicas, DDP's bucketed gradient all-reduce over the ranks that share a shard,
-then the optimizer step over the rank's own parameters.  The real run is `_tp_run.TPExecutor`.
+then the optimizer step over the rank's own parameters.  Every layer all-reduce also carries a
+calibrated per-collective term of its tensor group (`CostModel.tp_collective_s`: two real runs, one
+per realisation, `hetsim.search.calibrate.calibrate_tp`).  The real run is `_tp_run.TPExecutor`.
 """
 
 from __future__ import annotations
@@ -138,7 +140,7 @@ def tp_graph(plan: TPPlan, cost: CostModel) -> TaskGraph:
         comm = f"tp{gi}"
         micro = even_split(plan.local_batch[gi], plan.accum_steps)
         for j, m in enumerate(micro):
-            ar_s = cost.allreduce_s(dims.activation_bytes(m), group)
+            ar_s = cost.allreduce_s(dims.activation_bytes(m), group) + cost.tp_collective_s(group, plan.dtensor)
             dep = None
             for d in group:
                 g.add(f"dev{d}", "F", cost.fwd_s(d, pre.start, pre.stop, m) + cost.overhead_s(d, m), label=f"F{j} embed")

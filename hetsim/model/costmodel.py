@@ -205,6 +205,11 @@ class CostModel:
         """Calibrated extra time of a ZeRO-3 (FSDP) step over this group beyond `sync_residual_s`."""
         return self._group_term("shard_residual_s", group)
 
+    def tp_collective_s(self, group: tuple[int, ...], dtensor: bool) -> float:
+        """Calibrated extra time of every all-reduce of a tensor-parallel layer over this tensor group,
+        for DTensor's even shards or per-rank slices (`hetsim.search.calibrate.calibrate_tp`)."""
+        return self._group_term("tp_dtensor_collective_s" if dtensor else "tp_collective_s", group)
+
     def _group_term(self, field: str, group: tuple[int, ...]) -> float:
         """A calibrated per-group term of the model profiles (0 for one device or an uncalibrated group)."""
         if len(group) <= 1:

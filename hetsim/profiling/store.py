@@ -103,6 +103,14 @@ class ModelProfile:
     of its micro-batch size, so that the simulated steps of two real pipeline runs on the whole cluster
     (one micro-batch; 2 per rank) equal their measured steps (per-action work of
     torch.distributed.pipelining, p2p waits, contention and small-micro-batch costs the block timings miss)."""
+    tp_collective_s: dict[str, float] = field(default_factory=dict)
+    """By tensor group (`group_key`): seconds added to every all-reduce of a tensor-parallel plan run
+    through per-rank slices, so that a real run on that group steps as simulated (autograd functions
+    around each all-reduce, the slow rank's spin, contention between ranks)."""
+    tp_dtensor_collective_s: dict[str, float] = field(default_factory=dict)
+    """The same for even shards run through DTensor (`parallelize_module`): DTensor's dispatch of
+    every sharded operator as well (on gpt@tiny@64, 2 CPU ranks: its even plan stepped 0.60 s where
+    the per-collective model said 0.43)."""
 
     probe_s: float = 0.0
     """CPU profiles: the host-speed probe's median time while this profile was recorded
