@@ -170,6 +170,8 @@ def _sharded_optimizer(st: _Sharded) -> None:
     sync = cost.sync_residual_s(st.devs)
     if plan.zero_stage == 3:  # calibrated with a real ZeRO-3 step (hetsim.search.calibrate.calibrate_sharded)
         sync += cost.shard_residual_s(st.devs)
+    elif plan.zero_stage == 2:  # and ZeRO-2 with its own (calibrate_zero2)
+        sync += cost.zero2_residual_s(st.devs)
     last_rs = st.last_rs
     if sync and last_rs:
         last_rs = [g.add(Resource.COMM, TaskKind.SYNC, sync, list(last_rs), label="sync (calibrated)")]

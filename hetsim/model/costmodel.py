@@ -205,6 +205,10 @@ class CostModel:
         """Calibrated extra time of a ZeRO-3 (FSDP) step over this group beyond `sync_residual_s`."""
         return self._group_term("shard_residual_s", group)
 
+    def zero2_residual_s(self, group: tuple[int, ...]) -> float:
+        """Calibrated extra time of a ZeRO-2 step over this group beyond `sync_residual_s`."""
+        return self._group_term("zero2_residual_s", group)
+
     def tp_collective_s(self, group: tuple[int, ...], dtensor: bool) -> float:
         """Calibrated extra time of every all-reduce of a tensor-parallel layer over this tensor group,
         for DTensor's even shards or per-rank slices (`hetsim.search.calibrate.calibrate_tp`)."""
