@@ -5,7 +5,8 @@ Six terms, each measured once per profile (or per device group) and then reused:
 residual (the real data-parallel executor on one device at two batch sizes), the gradient
 synchronisation of a uniform data-parallel step on the whole cluster, the sharding of a uniform
 FSDP step (ZeRO-3) and of a uniform ZeRO-2 step, the per-action overhead of two real pipelines, and
-(transformers) the per-all-reduce overhead of two real tensor-parallel steps.  `obtain_profiles` is the profiles
+(transformers) the per-all-reduce overhead of two real tensor-parallel steps.  A search measures the
+terms of the families it runs (`ProfileRequest.strategies`) and the data-parallel one its baseline needs.  `obtain_profiles` is the profiles
 step (hetsim.profiling.obtain) followed by this one, as the bench records its profiles.
 
 The single-device and the two uniform terms each rest on two real runs, and a third when those two
@@ -83,12 +84,19 @@ def calibrate(cluster: Cluster, workload, profiles: ProfileSet, req: ProfileRequ
     into the model profiles under `req.root`/profiles/; terms already recorded are reused."""
     t0 = time.perf_counter()
     profiles = calibrate_devices(cluster, workload, profiles, req, say)
+    def searched(*families: str) -> bool:
+        return req.strategies is None or any(f in req.strategies for f in families)
+
     if cluster.links is None and len(cluster.devices) > 1 and all(d.backend != "catalog" for d in cluster.devices):
+        # The uniform data-parallel baseline always runs; the other terms only for the families searched.
         profiles = calibrate_sync(cluster, workload, profiles, req.root, say)
-        profiles = calibrate_sharded(cluster, workload, profiles, req.root, say)
-        profiles = calibrate_zero2(cluster, workload, profiles, req.root, say)
-        profiles = calibrate_pipeline(cluster, workload, profiles, req.root, say, req.global_batch)
-        profiles = calibrate_tp(cluster, workload, profiles, req.root, say, req.global_batch)
+        if searched("zero"):
+            profiles = calibrate_sharded(cluster, workload, profiles, req.root, say)
+            profiles = calibrate_zero2(cluster, workload, profiles, req.root, say)
+        if searched("pipeline", "hybrid"):
+            profiles = calibrate_pipeline(cluster, workload, profiles, req.root, say, req.global_batch)
+        if searched("tp"):
+            profiles = calibrate_tp(cluster, workload, profiles, req.root, say, req.global_batch)
     say(f"calibration ready in {time.perf_counter() - t0:.0f} s")
     return profiles
 

@@ -50,6 +50,8 @@ class ProfileRequest:
     """Measure again even where a recorded profile's fingerprint matches."""
     launch: Launch | None = None
     """torchrun settings of the collective benchmark (multi-node runs)."""
+    strategies: tuple[str, ...] | None = None
+    """The families the search will run: calibration measures only their terms (None: every term)."""
 
 
 COUPLED_CHUNKS = (4, 8)

@@ -76,3 +76,25 @@ def test_tensor_parallel_calibration_makes_each_realisation_step_as_measured(mak
     ran.clear()
     calibrate.calibrate_tp(cost.cluster, wl, profiles, tmp_path, said.append, 32)
     assert not ran
+
+
+@pytest.mark.parametrize("strategies, terms", [
+    (("ddp",), ["sync"]),
+    (("zero",), ["sync", "sharded", "zero2"]),
+    (("hybrid",), ["sync", "pipeline"]),
+    (("tp", "ddp"), ["sync", "tp"]),
+    (None, ["sync", "sharded", "zero2", "pipeline", "tp"]),
+])
+def test_calibration_measures_the_terms_of_the_families_searched(make_cost, gn_profile, tmp_path, monkeypatch,
+                                                                 strategies, terms):
+    """The uniform data-parallel term always (the baseline runs); the others only for their families."""
+    from hetsim.profiling.obtain import ProfileRequest
+
+    cost = make_cost("emu:1.0@4G,0.5@4G")
+    called = []
+    monkeypatch.setattr(calibrate, "calibrate_devices", lambda c, w, p, r, s: p)
+    for name in ("sync", "sharded", "zero2", "pipeline", "tp"):
+        monkeypatch.setattr(calibrate, f"calibrate_{name}", lambda c, w, p, *a, name=name, **k: called.append(name) or p)
+    req = ProfileRequest(root=tmp_path, global_batch=16, precisions=("fp32",), strategies=strategies)
+    calibrate.calibrate(cost.cluster, gn_profile[0], cost.profiles, req, say=lambda m: None)
+    assert called == terms
