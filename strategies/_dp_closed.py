@@ -91,9 +91,10 @@ def _comm_plan(cost: CostModel, devices: tuple[int, ...]) -> tuple[tuple[int, ..
 
 def data_parallel_timing(cost: CostModel, devices: tuple[int, ...], local_batch: tuple[int, ...], accum: int,
                          precision: str, ckpt: int, opt_params: tuple[float, ...],
-                         broadcast_bytes: float | None = None) -> StepTiming:
+                         broadcast_bytes: float | None = None, broadcast_extra_s: float = 0.0) -> StepTiming:
     """The steady step of `data_parallel_graph` (then ZeRO-1's parameter broadcast of
-    `broadcast_bytes` after every optimizer step, when given), as `run_steady` times it."""
+    `broadcast_bytes` after every optimizer step, when given, plus its calibrated `broadcast_extra_s`),
+    as `run_steady` times it."""
     comm = cost.memo_table("dp_comm")
     found = comm.get(devices)
     if found is None:
@@ -112,7 +113,8 @@ def data_parallel_timing(cost: CostModel, devices: tuple[int, ...], local_batch:
     opts = opt_table.get((devices, opt_params))
     if opts is None:
         opts = opt_table[(devices, opt_params)] = [max(0.0, float(cost.opt_s(d, p))) for d, p in zip(devices, opt_params)]
-    bcast = None if broadcast_bytes is None else max(0.0, float(cost.allgather_s(broadcast_bytes, devices)))
+    bcast = None if broadcast_bytes is None else max(0.0, float(cost.allgather_s(broadcast_bytes, devices)
+                                                               + broadcast_extra_s))
     ready = list(zip(*[st.ready_s for st in steps]))  # per bucket: each device's time, from its start
     compute = [st.compute_s for st in steps]
 

@@ -23,9 +23,11 @@ def zero1_graph(plan: ZeROPlan, cost: CostModel) -> TaskGraph:
     g = data_parallel_graph(cost, plan.devices, plan.local_batch, plan.chunks, plan.precision,
                             plan.checkpoint_blocks, [float(c) for c in owned], grad_cache=plan.grad_cache_chunks > 1)
     opts = [t.tid for t in g.tasks if t.kind == TaskKind.OPTIMIZER]
-    # ZeroRedundancyOptimizer broadcasts every owner's parameters: all-gather volume of the whole model.
-    g.add(Resource.COMM, TaskKind.ALLGATHER, cost.allgather_s(cost.param_bytes(), tuple(plan.devices)), opts,
-          label="param broadcast")
+    # ZeroRedundancyOptimizer broadcasts every owner's parameters: all-gather volume of the whole model,
+    # plus the calibrated ZeRO-1 term (one broadcast per parameter tensor; calibrate_zero1).
+    group = tuple(plan.devices)
+    g.add(Resource.COMM, TaskKind.ALLGATHER, cost.allgather_s(cost.param_bytes(), group) + cost.zero1_residual_s(group),
+          opts, label="param broadcast")
     return g
 
 

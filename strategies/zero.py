@@ -175,7 +175,8 @@ class ZeRO(Strategy):
         owned = zero1_owned_counts(cost, len(plan.devices))
         return data_parallel_timing(cost, plan.devices, plan.local_batch, plan.accum_steps, plan.precision,
                                     plan.checkpoint_blocks, tuple(float(c) for c in owned),
-                                    broadcast_bytes=cost.param_bytes())
+                                    broadcast_bytes=cost.param_bytes(),
+                                    broadcast_extra_s=cost.zero1_residual_s(tuple(plan.devices)))
 
     def graph(self, plan: ZeROPlan, cost) -> TaskGraph:
         if plan.zero_stage == 1:

@@ -205,6 +205,10 @@ class CostModel:
         """Calibrated extra time of a ZeRO-3 (FSDP) step over this group beyond `sync_residual_s`."""
         return self._group_term("shard_residual_s", group)
 
+    def zero1_residual_s(self, group: tuple[int, ...]) -> float:
+        """Calibrated extra time of a ZeRO-1 step over this group beyond `sync_residual_s`."""
+        return self._group_term("zero1_residual_s", group)
+
     def zero2_residual_s(self, group: tuple[int, ...]) -> float:
         """Calibrated extra time of a ZeRO-2 step over this group beyond `sync_residual_s`."""
         return self._group_term("zero2_residual_s", group)

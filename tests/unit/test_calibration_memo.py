@@ -80,10 +80,10 @@ def test_tensor_parallel_calibration_makes_each_realisation_step_as_measured(mak
 
 @pytest.mark.parametrize("strategies, terms", [
     (("ddp",), ["sync"]),
-    (("zero",), ["sync", "sharded", "zero2"]),
+    (("zero",), ["sync", "sharded", "zero2", "zero1"]),
     (("hybrid",), ["sync", "pipeline"]),
     (("tp", "ddp"), ["sync", "tp"]),
-    (None, ["sync", "sharded", "zero2", "pipeline", "tp"]),
+    (None, ["sync", "sharded", "zero2", "zero1", "pipeline", "tp"]),
 ])
 def test_calibration_measures_the_terms_of_the_families_searched(make_cost, gn_profile, tmp_path, monkeypatch,
                                                                  strategies, terms):
@@ -93,7 +93,7 @@ def test_calibration_measures_the_terms_of_the_families_searched(make_cost, gn_p
     cost = make_cost("emu:1.0@4G,0.5@4G")
     called = []
     monkeypatch.setattr(calibrate, "calibrate_devices", lambda c, w, p, r, s: p)
-    for name in ("sync", "sharded", "zero2", "pipeline", "tp"):
+    for name in ("sync", "sharded", "zero2", "zero1", "pipeline", "tp"):
         monkeypatch.setattr(calibrate, f"calibrate_{name}", lambda c, w, p, *a, name=name, **k: called.append(name) or p)
     req = ProfileRequest(root=tmp_path, global_batch=16, precisions=("fp32",), strategies=strategies)
     calibrate.calibrate(cost.cluster, gn_profile[0], cost.profiles, req, say=lambda m: None)

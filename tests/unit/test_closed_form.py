@@ -110,3 +110,19 @@ def test_closed_form_tracks_a_changed_duration():
     fast2, ref2 = ddp.evaluate(plan, cost2), ddp.predict(plan, cost2)[0]
     assert fast2.step_time_s > base.step_time_s * 1.5  # the baseline's equal split waits for device 0
     assert _close(fast2.step_time_s, ref2.step_time_s)
+
+
+def test_zero1_closed_form_carries_its_calibrated_term():
+    """ZeRO-1's calibrated term lengthens the closed form as it lengthens the event simulation."""
+    from hetsim.profiling.store import group_key
+
+    ctx = golden._context(CASES[-1], golden.RESULTS)
+    zero = strategies.get("zero")
+    plan = next(p for p in _sampled_plans(zero, ctx, 80, seed=1) if p.zero_stage == 1)
+    key = group_key([ctx.cost.device(d) for d in plan.devices])
+    models = {k: dataclasses.replace(m, zero1_residual_s={key: 0.05}) for k, m in ctx.cost.profiles.models.items()}
+    cost2 = type(ctx.cost)(ctx.cost.cluster, dataclasses.replace(ctx.cost.profiles, models=models), ctx.cost.optimizer,
+                           has_batchnorm=ctx.cost.facts.has_batchnorm, batch_coupled=ctx.cost.facts.batch_coupled)
+    before = zero.evaluate(plan, ctx.cost).step_time_s
+    _assert_same(zero, plan, cost2)
+    assert zero.evaluate(plan, cost2).step_time_s > before

@@ -58,7 +58,7 @@ def test_emulated_host_step_is_unthrottled(make_cost):
 
 
 def test_sharded_residuals_apply_to_their_own_stage(make_cost):
-    """ZeRO-3's calibrated term to ZeRO-3 plans, ZeRO-2's to ZeRO-2 plans, neither to ZeRO-1."""
+    """Each ZeRO stage's calibrated term to its own plans only."""
     from hetsim.profiling.store import group_key
 
     base = make_cost("emu:1.0@4G,0.5@4G")
@@ -66,10 +66,11 @@ def test_sharded_residuals_apply_to_their_own_stage(make_cost):
     prof = next(iter(base.profiles.models.values()))
     with_res = CostModel(base.cluster, dataclasses.replace(
         base.profiles, models={prof.device_kind: dataclasses.replace(prof, shard_residual_s={key: 0.25},
-                                                                     zero2_residual_s={key: 0.125})}),
+                                                                     zero2_residual_s={key: 0.125},
+                                                                     zero1_residual_s={key: 0.0625})}),
         base.optimizer, has_batchnorm=base.facts.has_batchnorm)
     zero = ZeRO()
-    for stage, extra in ((3, 0.25), (2, 0.125), (1, 0.0)):
+    for stage, extra in ((3, 0.25), (2, 0.125), (1, 0.0625)):
         plan = ZeROPlan(devices=(0, 1), local_batch=(8, 8), zero_stage=stage)
         before = zero.predict(plan, base)[0].step_time_s
         after = zero.predict(plan, with_res)[0].step_time_s
