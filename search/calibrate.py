@@ -395,13 +395,14 @@ def calibrate_tp(cluster: Cluster, workload, profiles: ProfileSet, root: Path, s
             continue
         if plan.dtensor != dtensor:
             continue
-        zero = cost_with(field, 0.0)
-        pred0 = tp.predict(plan, zero)[0].step_time_s
+        pred0 = tp.predict(plan, cost_with(field, 0.0))[0].step_time_s
         n_crit = (tp.predict(plan, cost_with(field, delta))[0].step_time_s - pred0) / delta
+        if n_crit <= 0:  # no all-reduce on the critical path: nothing a run could attribute to them
+            continue
         say(f"calibrating tensor parallelism: a real {tp.label(plan)} step on all {n} devices")
         m, real = robust_step_s(plan, cluster=cluster, workload=workload, ref_probe_s=profile_ref(profiles.models.values()),
                                 steps=6, say=say)
-        failed = real is None or n_crit <= 0
+        failed = real is None
         if failed:
             say(f"tensor-parallel calibration run failed ({m.status}); its all-reduces carry no calibrated overhead")
         else:

@@ -416,10 +416,10 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
     # loss's saved tensors from forward to backward, and its backward has the rest of the loss's
     # temporaries; the other stages have none of them (a transformer's logits dominate a whole
     # step's temporaries: on a bert pipeline the rank without the head measured 2.9 MiB of
-    # temporaries where the whole-model figure was 16.8).
-    # The loss's saved tensors are freed by the stage's first backward (a split backward's input
-    # backward): bert InterleavedZeroBubble, 2 x 16 samples, measured 50.2 MiB of activations on the
-    # head's rank where keeping them to the weight backward predicted 66.1.
+    # temporaries where the whole-model figure was 16.8).  The loss's saved tensors are freed by the
+    # stage's first backward (a split backward's input backward): bert InterleavedZeroBubble, 2 x 16
+    # samples, measured 50.2 MiB of activations on the head's rank where keeping them to the weight
+    # backward predicted 66.1.
     last = next((s for s in stages if boundaries[s + 1] == boundaries[-1]), None)
     stage_temps = {s: max(0.0, temps - loss_temporaries_bytes(cost, micro)) for s in stages}
     loss_kept = {s: 0.0 for s in stages}
@@ -433,14 +433,16 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
         best = (0.0, float(grads))
     for a in actions:
         s = a.stage
+        # torch skips the first stage's input backward (its input needs no gradient) and runs its
+        # weight backward as one full backward.
+        full_backward = a.kind == "B" or (a.kind == "W" and s == 0)
+        input_backward = a.kind == "I" and s > 0
         if a.kind == "F":
             held += kept[s] + loss_kept[s]
             phase = (held, waiting)
-        elif a.kind == "B" or (a.kind == "W" and s == 0):
-            # A backward sweeps the stage.  torch skips the first stage's input backward (its input
-            # needs no gradient) and runs its weight backward as one full backward.
+        elif full_backward:  # a backward sweeps the stage
             phase = (held + sweep[s], waiting + max(stage_temps[s], grad_sweep[s]) + wgrad[s])
-        elif a.kind == "I" and s > 0:
+        elif input_backward:
             phase = (held + sweep[s], waiting + max(stage_temps[s], grad_sweep[s]))
         elif a.kind == "I":
             phase = (held, waiting)
@@ -452,7 +454,7 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
             phase = (held, waiting + wgrad[s])
         if sum(phase) > sum(best):
             best = phase
-        if a.kind == "B" or (a.kind == "I" and s > 0) or (a.kind == "W" and s == 0):
+        if full_backward or input_backward:  # the stage's first backward of this micro-batch
             held -= loss_kept[s]
         if a.kind == "I":
             waiting += pending[s]

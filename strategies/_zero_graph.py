@@ -26,7 +26,7 @@ def zero1_graph(plan: ZeROPlan, cost: CostModel) -> TaskGraph:
     # ZeroRedundancyOptimizer broadcasts every owner's parameters: all-gather volume of the whole model,
     # plus the calibrated ZeRO-1 term (one broadcast per parameter tensor; calibrate_zero1).
     group = tuple(plan.devices)
-    g.add(Resource.COMM, TaskKind.ALLGATHER, cost.allgather_s(cost.param_bytes(), group) + cost.zero1_residual_s(group),
+    g.add(Resource.COMM, TaskKind.ALLGATHER, cost.allgather_s(cost.param_bytes(), group) + cost.zero_residual_s(1, group),
           opts, label="param broadcast")
     return g
 
@@ -169,11 +169,8 @@ def _sharded_optimizer(st: _Sharded) -> None:
     plan, cost, g = st.plan, st.cost, st.g
     # The calibrated contention of a data-parallel group (measured with DDP: ranks computing side
     # by side and gloo progressing on busy cores) applies to FSDP's group as well.
-    sync = cost.sync_residual_s(st.devs)
-    if plan.zero_stage == 3:  # calibrated with a real ZeRO-3 step (hetsim.search.calibrate.calibrate_sharded)
-        sync += cost.shard_residual_s(st.devs)
-    elif plan.zero_stage == 2:  # and ZeRO-2 with its own (calibrate_zero2)
-        sync += cost.zero2_residual_s(st.devs)
+    # Plus the stage's own term, calibrated with a real uniform step of that stage.
+    sync = cost.sync_residual_s(st.devs) + cost.zero_residual_s(plan.zero_stage, st.devs)
     last_rs = st.last_rs
     if sync and last_rs:
         last_rs = [g.add(Resource.COMM, TaskKind.SYNC, sync, list(last_rs), label="sync (calibrated)")]

@@ -176,7 +176,7 @@ class ZeRO(Strategy):
         return data_parallel_timing(cost, plan.devices, plan.local_batch, plan.accum_steps, plan.precision,
                                     plan.checkpoint_blocks, tuple(float(c) for c in owned),
                                     broadcast_bytes=cost.param_bytes(),
-                                    broadcast_extra_s=cost.zero1_residual_s(tuple(plan.devices)))
+                                    broadcast_extra_s=cost.zero_residual_s(1, tuple(plan.devices)))
 
     def graph(self, plan: ZeROPlan, cost) -> TaskGraph:
         if plan.zero_stage == 1:

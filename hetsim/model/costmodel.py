@@ -46,6 +46,10 @@ Low precision perturbs gradients a little (0.94-0.9999 on the models here); Batc
 under bf16 CPU autocast gave 0.19: a different direction, not rounding."""
 
 
+ZERO_RESIDUAL_FIELDS = {1: "zero1_residual_s", 2: "zero2_residual_s", 3: "shard_residual_s"}
+"""`ModelProfile` field of each ZeRO stage's calibrated term."""
+
+
 class CostModel:
     def __init__(self, cluster: Cluster, profiles: ProfileSet, optimizer: str = "adamw", *,
                  has_batchnorm: bool = False, batch_coupled: bool = False, logits_per_sample_sq: int = 0):
@@ -201,17 +205,11 @@ class CostModel:
         """Calibrated extra time of a data-parallel gradient synchronisation over this group."""
         return self._group_term("sync_residual_s", group)
 
-    def shard_residual_s(self, group: tuple[int, ...]) -> float:
-        """Calibrated extra time of a ZeRO-3 (FSDP) step over this group beyond `sync_residual_s`."""
-        return self._group_term("shard_residual_s", group)
-
-    def zero1_residual_s(self, group: tuple[int, ...]) -> float:
-        """Calibrated extra time of a ZeRO-1 step over this group beyond `sync_residual_s`."""
-        return self._group_term("zero1_residual_s", group)
-
-    def zero2_residual_s(self, group: tuple[int, ...]) -> float:
-        """Calibrated extra time of a ZeRO-2 step over this group beyond `sync_residual_s`."""
-        return self._group_term("zero2_residual_s", group)
+    def zero_residual_s(self, stage: int, group: tuple[int, ...]) -> float:
+        """Calibrated extra time of a ZeRO-`stage` step over this group beyond `sync_residual_s`: each
+        stage from its own real uniform step (`hetsim.search.calibrate`: ZeRO-3 `calibrate_sharded`,
+        ZeRO-2 `calibrate_zero2`, ZeRO-1 `calibrate_zero1`)."""
+        return self._group_term(ZERO_RESIDUAL_FIELDS[stage], group)
 
     def tp_collective_s(self, group: tuple[int, ...], dtensor: bool) -> float:
         """Calibrated extra time of every all-reduce of a tensor-parallel layer over this tensor group,
@@ -219,13 +217,17 @@ class CostModel:
         return self._group_term("tp_dtensor_collective_s" if dtensor else "tp_collective_s", group)
 
     def _group_term(self, field: str, group: tuple[int, ...]) -> float:
-        """A calibrated per-group term of the model profiles (0 for one device or an uncalibrated group)."""
+        """A calibrated per-group term of the model profiles (0 for one device or an uncalibrated group);
+        memoised, since the closed forms ask for it on every evaluation."""
         if len(group) <= 1:
             return 0.0
 
-        key = group_key([self.device(d) for d in group])
-        vals = [getattr(m, field)[key] for m in self.profiles.models.values() if key in getattr(m, field)]
-        return max(0.0, max(vals)) if vals else 0.0
+        def term() -> float:
+            key = group_key([self.device(d) for d in group])
+            vals = [getattr(m, field)[key] for m in self.profiles.models.values() if key in getattr(m, field)]
+            return max(0.0, max(vals)) if vals else 0.0
+
+        return self.memo(("group_term", field, tuple(group)), term)
 
     def opt_s(self, dev: int, param_count: float) -> float:
         prof, mult = self._scale[dev]
