@@ -9,7 +9,7 @@ ZeRO-2 and ZeRO-1 step adds to it, the per-action overhead of two real pipelines
 terms of the families it runs (`ProfileRequest.strategies`) and the data-parallel one its baseline needs.  `obtain_profiles` is the profiles
 step (hetsim.profiling.obtain) followed by this one, as the bench records its profiles.
 
-The single-device and the two uniform terms each rest on two real runs, and a third when those two
+The single-device and the uniform terms (data parallel, ZeRO-3, ZeRO-2, ZeRO-1) each rest on two real runs, and a third when those two
 disagree by more than the noise floor (`robust_step_s`): one run that fell into a slow phase of the
 host had moved the data-parallel term by 0.16 s between two recordings made back to back.
 """
