@@ -364,42 +364,59 @@ TP_FIELDS = {"tp_dtensor_collective_s": True, "tp_collective_s": False}
 
 def calibrate_tp(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say, global_batch: int,
                  delta: float = 1e-3) -> ProfileSet:
-    """Two short real tensor-parallel steps over the whole cluster as one tensor group (transformer
-    workloads, clusters of 2, 4 or 8 devices): DTensor's even shards and the solved per-rank slices.
-    Each stores the per-collective residual that makes its simulated step equal the measured one:
-    (measured - simulated) / the all-reduces on the critical path (found, like the pipeline term's
-    actions, as how much 1 ms more per collective lengthens the simulated step).  On equal devices
-    the solved shards are the even ones (DTensor's), so the slices term stays uncalibrated (0)."""
-    from hetsim.strategies.tp import TP, TP_SIZES, build_plan, tp_dims
+    """Short real tensor-parallel steps, one per kind of tensor group the search can form (transformer
+    workloads): over the whole cluster as one group (2, 4 or 8 devices), DTensor's even shards and the
+    solved per-rank slices; and, on 4 or 8 devices, each smaller group size: data-parallel replicas
+    of its groups (solved slices, each grouping: 'strided' mixes speeds in every group, 'fast_links'
+    groups like devices) and DTensor's even shards on the fastest devices alone.  Each run stores the per-collective residual that makes its simulated step equal the
+    measured one: (measured - simulated) / the all-reduces on the critical path (found, like the
+    pipeline term's actions, as how much 1 ms more per collective lengthens the simulated step).  A
+    run whose replicas form groups of different kinds gives all of its not yet calibrated groups the
+    one term it measured.  On equal devices the solved shards are the even ones (DTensor's), so the
+    slices term of the whole cluster stays uncalibrated (0)."""
+    from hetsim.strategies.tp import GROUPINGS, TP, TP_SIZES, build_plan, tp_dims
 
     n = len(cluster.devices)
-    key = group_key(cluster.devices)
 
-    def cost_with(field: str | None = None, value: float = 0.0) -> CostModel:
+    def cost_with(field: str | None = None, keys=(), value: float = 0.0) -> CostModel:
         models = profiles.models if field is None else {
-            k: replace(p, **{field: {**getattr(p, field), key: value}}) for k, p in profiles.models.items()}
+            k: replace(p, **{field: {**getattr(p, field), **dict.fromkeys(keys, value)}})
+            for k, p in profiles.models.items()}
         return CostModel(cluster, replace(profiles, models=models), workload.optimizer,
                          has_batchnorm=workload.has_batchnorm, batch_coupled=workload.batch_coupled)
 
     cost0 = cost_with()
-    if n not in TP_SIZES or tp_dims(cost0) is None:
+    if n < 2 or tp_dims(cost0) is None:
         return profiles
+    every = tuple(range(n))
+    runs = [(field, lambda dt=dtensor: build_plan(cost0, every, n, "fast_links", global_batch, even=dt))
+            for field, dtensor in TP_FIELDS.items()] if n in TP_SIZES else []
+    fastest = tuple(sorted(every, key=lambda d: (-cluster.devices[d].speed, d)))
+    for t in (t for t in TP_SIZES if t < n and n % t == 0):
+        runs += [("tp_collective_s", lambda t=t, g=g: build_plan(cost0, every, t, g, global_batch))
+                 for g in sorted(GROUPINGS, reverse=True)]
+        runs.append(("tp_dtensor_collective_s",
+                     lambda t=t: build_plan(cost0, fastest[:t], t, "fast_links", global_batch, even=True)))
     tp = TP()
-    for field, dtensor in TP_FIELDS.items():
-        tag = f"{field}:{key}"
-        if all(key in getattr(m, field) or tag in m.calib_failed for m in profiles.models.values()):
-            continue
+    for field, make in runs:
         try:
-            plan = build_plan(cost0, tuple(range(n)), n, "fast_links", global_batch, even=dtensor)
+            plan = make()
         except InfeasiblePlanError:
             continue
-        if plan.dtensor != dtensor:
+        if plan.dtensor != (field == "tp_dtensor_collective_s"):
             continue
-        pred0 = tp.predict(plan, cost_with(field, 0.0))[0].step_time_s
-        n_crit = (tp.predict(plan, cost_with(field, delta))[0].step_time_s - pred0) / delta
+        keys = sorted({group_key([cluster.devices[d] for d in grp]) for grp in plan.groups()})
+        keys = [k for k in keys if not any(k in getattr(m, field) or f"{field}:{k}" in m.calib_failed
+                                           for m in profiles.models.values())]
+        if not keys:
+            continue
+        pred0 = tp.predict(plan, cost_with(field, keys, 0.0))[0].step_time_s
+        n_crit = (tp.predict(plan, cost_with(field, keys, delta))[0].step_time_s - pred0) / delta
         if n_crit <= 0:  # no all-reduce on the critical path: nothing a run could attribute to them
             continue
-        say(f"calibrating tensor parallelism: a real {tp.label(plan)} step on all {n} devices")
+        where = (f"{plan.tp_size} devices as one tensor group" if plan.dp == 1
+                 else f"{plan.dp} replicas of {plan.tp_size}-device tensor groups")
+        say(f"calibrating tensor parallelism: a real {tp.label(plan)} step on {where}")
         m, real = robust_step_s(plan, cluster=cluster, workload=workload, ref_probe_s=profile_ref(profiles.models.values()),
                                 steps=6, say=say)
         failed = real is None
@@ -412,9 +429,9 @@ def calibrate_tp(cluster: Cluster, workload, profiles: ProfileSet, root: Path, s
         models = {}
         for kind, prof in profiles.models.items():
             if failed:
-                prof = replace(prof, calib_failed={**prof.calib_failed, tag: m.status})
+                prof = replace(prof, calib_failed={**prof.calib_failed, **{f"{field}:{k}": m.status for k in keys}})
             else:
-                prof = replace(prof, **{field: {**getattr(prof, field), key: per}})
+                prof = replace(prof, **{field: {**getattr(prof, field), **dict.fromkeys(keys, per)}})
             save(prof, model_profile_path(root, kind, workload.spec))
             models[kind] = prof
         profiles = replace(profiles, models=models)

@@ -78,6 +78,43 @@ def test_tensor_parallel_calibration_makes_each_realisation_step_as_measured(mak
     assert not ran
 
 
+def test_tensor_parallel_calibration_covers_the_groups_of_replicated_plans(make_gpt_cost, gpt_profile, tmp_path,
+                                                                           monkeypatch):
+    """On four devices a DP x TP plan's tensor groups are pairs: each kind of pair the search can form
+    (mixed speeds, like speeds, DTensor on the fastest pair) gets a term from a run of its own, and a
+    plan whose groups are all of one kind then steps as measured."""
+    from hetsim.strategies.tp import TP, build_plan
+
+    from hetsim.model.costmodel import CostModel
+    from hetsim.profiling.store import group_key
+
+    wl = gpt_profile[0]
+    cost = make_gpt_cost("emu:1.0@4G,1.0@4G,0.5@4G,0.5@4G")
+    tp = TP()
+    ran = []
+
+    def fake_measure(plan, **k):
+        ran.append((plan.tp_size, plan.dp, plan.dtensor))
+        return Measurement(status="ok", step_time_s=tp.predict(plan, cost)[0].step_time_s + 0.1)
+
+    monkeypatch.setattr(calibrate, "measure", fake_measure)
+    profiles = calibrate.calibrate_tp(cost.cluster, wl, cost.profiles, tmp_path, lambda m: None, 32)
+    assert (2, 2, False) in ran and (2, 1, True) in ran and (4, 1, True) in ran
+    after = CostModel(cost.cluster, profiles, wl.optimizer)
+    devs = cost.cluster.devices
+    assert group_key([devs[0], devs[2]]) != group_key([devs[0], devs[1]])
+    for pair in ((0, 2), (0, 1), (2, 3)):
+        assert after.tp_collective_s(pair, False) > 0, pair
+    assert after.tp_collective_s((0, 1), True) > 0
+    strided = build_plan(cost, (0, 1, 2, 3), 2, "strided", 32)
+    assert len({group_key([devs[d] for d in g]) for g in strided.groups()}) == 1
+    assert tp.predict(strided, after)[0].step_time_s == pytest.approx(tp.predict(strided, cost)[0].step_time_s + 0.1,
+                                                                      rel=1e-6)
+    ran.clear()
+    calibrate.calibrate_tp(cost.cluster, wl, profiles, tmp_path, lambda m: None, 32)
+    assert not ran
+
+
 @pytest.mark.parametrize("strategies, terms", [
     (("ddp",), ["sync"]),
     (("zero",), ["sync", "sharded", "zero2", "zero1"]),
