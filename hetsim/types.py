@@ -136,6 +136,9 @@ class Measurement:
     rank's first timed step (empty when not recorded)."""
     step_durations_s: tuple[tuple[float, ...], ...] = ()
     """Per rank, each timed step's duration in seconds (same order as step_starts_s)."""
+    runs_at_probe: tuple[float, ...] = ()
+    """When the plan ran more than once (`python -m hetsim.search --repeats`): each run's step in probe
+    times (its `steps_per_probe`; its raw step time when unprobed); this measurement holds their median."""
 
     def step_time_at(self, ref_probe_s: float) -> float | None:
         """The measured step time at the host speed whose probe time is `ref_probe_s` (a profile's

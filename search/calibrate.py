@@ -313,7 +313,8 @@ def calibration_pipeline_plans(cost, global_batch: int, min_micro: int) -> list:
 
 def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
                        global_batch: int) -> ProfileSet:
-    """Run two short real pipelines on the whole cluster and record the per-compute-action residual
+    """Run two short real pipelines on the whole cluster (each twice, a third time when the two disagree:
+    `robust_step_s`) and record the per-compute-action residual
     (a + b * micro-batch, like `calibrate_residual` per data-parallel micro-step) that makes their
     simulated steps equal the measured ones: torch.distributed.pipelining's per-action work, p2p
     waits, contention between ranks and small-micro-batch costs that isolated block timings miss."""
@@ -334,13 +335,12 @@ def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: P
     points = []
     for plan in calibration_pipeline_plans(cost0, global_batch, min_samples_per_micro_batch(workload.has_batchnorm)):
         say(f"calibrating pipeline actions: a real {pipe.label(plan)} step on all {len(cluster.devices)} devices")
-        m = measure(plan, cluster=cluster, workload_spec=workload.spec, optimizer=workload.optimizer, steps=6,
-                    warmup=3, timeout_s=600)
-        if m.status != "ok" or m.step_time_s is None:
+        m, real = robust_step_s(plan, cluster=cluster, workload=workload, ref_probe_s=profile_ref(profiles.models.values()),
+                                steps=6, say=say)
+        if real is None:
             say(f"pipeline calibration run failed ({m.status})")
             continue
         pred0 = pipe.predict(plan, cost0)[0].step_time_s
-        real = m.step_time_at(profile_ref(profiles.models.values()))
         delta = 1e-3  # actions on the critical path: how much 1 ms more per action lengthens the step
         n_crit = (pipe.predict(plan, cost_with(Fit(intercept=delta, slope=0.0)))[0].step_time_s - pred0) / delta
         say(f"  measured {real:.3f} s, simulated {pred0:.3f} s over {n_crit:.0f} critical actions")

@@ -31,6 +31,8 @@ class Options:
     top_k: int
     steps: int
     warmup: int
+    repeats: int = 2
+    """Real runs of each shortlisted plan (a third when two disagree): `realruns.run_plan`."""
     timeout_s: float
     storage: str | None
     jobs: int = 1

@@ -12,7 +12,7 @@ from hetsim.strategies.base import SearchContext
 from hetsim import strategies
 from hetsim.profiling.hostspeed import profile_ref
 from hetsim.reporting import report
-from hetsim.reporting.decision import profile_spread
+from hetsim.reporting.decision import NOISE_FLOOR_REL, profile_spread
 
 from .coupled import coupled_notes
 from .options import Options
@@ -90,6 +90,12 @@ def notes(study: optuna.Study, plans: Shortlist, found: list[Candidate], ctx: Se
     out += coupled_notes(opts.workload.name, [r.plan for r in plans.candidates], ctx.cost, opts.global_batch)
     if any(report.host_speed(r) is not None for r in plans.rows):
         out.append(report.HOST_SPEED_NOTE)
+    repeated = [r for r in plans.rows if r.measured is not None and len(r.measured.runs_at_probe) > 1]
+    if repeated:
+        spread = max(max(r.measured.runs_at_probe) / min(r.measured.runs_at_probe) - 1 for r in repeated)
+        out.append(f"each executed plan ran {opts.repeats} times (a third when two disagreed by more than "
+                   f"{NOISE_FLOOR_REL:.0%}) and its median run is reported; the runs of one plan differed by up to "
+                   f"{spread:.1%} at one host speed (every run: runs_at_probe in summary.json)")
     return out
 
 

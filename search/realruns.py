@@ -1,9 +1,11 @@
-"""The real-runs step: every shortlisted plan runs through torchrun once per study; a measurement
-is stored in the study as it finishes, so a resumed study never runs the same plan again."""
+"""The real-runs step: every shortlisted plan runs through torchrun (`--repeats` times, their median
+kept) once per study; a measurement is stored in the study as it finishes, so a resumed study never
+runs the same plan again."""
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Callable
 
 import optuna
@@ -13,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from hetsim.execution.runner import measure
 from hetsim.reporting import report
+from hetsim.reporting.decision import NOISE_FLOOR_REL
 from hetsim.types import Measurement
 
 from .options import Options
@@ -51,9 +54,47 @@ def real_runs_step(study: optuna.Study, plans: Shortlist, opts: Options, console
 
 
 def run_plan(row: report.Row, opts: Options, fault) -> Measurement:
-    """One real run of a shortlisted plan, its logs and rank files under OUT/runs/STUDY/run-RANK/."""
+    """The real runs of a shortlisted plan: `opts.repeats` runs, and with two a third when they disagree by
+    more than the noise floor (`NOISE_FLOOR_REL`), so that one run caught in a slow phase of a shared host
+    is out-voted as in calibration (`hetsim.search.calibrate.robust_step_s`); combined by `combine_runs`.
+    A run that fails ends the plan's runs with its status.  Logs and rank files under
+    OUT/runs/STUDY/run-RANK/ (the later runs: run-RANK-2/, run-RANK-3/)."""
     wl = opts.workload
-    return measure(row.plan, cluster=opts.cluster, workload_spec=wl.spec, optimizer=wl.optimizer, steps=opts.steps,
-                   warmup=opts.warmup, timeout_s=opts.timeout_s, seed=opts.seed,
-                   out_dir=str(opts.out / "runs" / opts.study / f"run-{row.place}"), launch_cfg=opts.launch,
-                   fault=fault)
+    runs: list[Measurement] = []
+    for k in range(opts.repeats + 1):
+        if k == opts.repeats and not (k == 2 and _disagree(runs)):
+            break
+        name = f"run-{row.place}" + (f"-{k + 1}" if k else "")
+        m = measure(row.plan, cluster=opts.cluster, workload_spec=wl.spec, optimizer=wl.optimizer, steps=opts.steps,
+                    warmup=opts.warmup, timeout_s=opts.timeout_s, seed=opts.seed,
+                    out_dir=str(opts.out / "runs" / opts.study / name), launch_cfg=opts.launch,
+                    fault=fault if k == 0 else None)
+        if m.status != "ok" or m.step_time_s is None:
+            return m
+        runs.append(m)
+    return combine_runs(runs)
+
+
+def _at_probe(m: Measurement) -> float:
+    return m.steps_per_probe if m.steps_per_probe is not None else m.step_time_s
+
+
+def _disagree(runs: list[Measurement]) -> bool:
+    a, b = (_at_probe(m) for m in runs)
+    return abs(a / b - 1) > NOISE_FLOOR_REL
+
+
+def combine_runs(runs: list[Measurement]) -> Measurement:
+    """One measurement of several ok runs of a plan: the median step (raw, and in probe times: the host
+    speed the report compares at), the first run's memory and timeline, every run's step in probe times
+    kept in `runs_at_probe`."""
+    if len(runs) == 1:
+        return runs[0]
+    first = runs[0]
+    step = statistics.median(m.step_time_s for m in runs)
+    probed = all(m.steps_per_probe is not None and m.probe_s for m in runs)
+    return dataclasses.replace(
+        first, step_time_s=step, samples_per_s=first.samples_per_s * first.step_time_s / step,
+        steps_per_probe=statistics.median(m.steps_per_probe for m in runs) if probed else None,
+        probe_s=statistics.median(m.probe_s for m in runs) if probed else first.probe_s,
+        wall_s=sum(m.wall_s for m in runs), runs_at_probe=tuple(_at_probe(m) for m in runs))

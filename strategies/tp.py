@@ -330,8 +330,8 @@ class TP(Strategy):
         pair = (0, 1)
         builders = [lambda: build_plan(cost, pair, 2, "fast_links", gb, even=True),
                     lambda: build_plan(cost, pair, 2, "fast_links", gb)]
-        if n >= 4:
-            builders.append(lambda: build_plan(cost, tuple(range(4)), 2, "strided", gb))
+        if n >= 4:  # DP x TP: pairs of mixed speeds, and pairs of like devices
+            builders += [lambda g=g: build_plan(cost, tuple(range(4)), 2, g, gb) for g in ("strided", "fast_links")]
         plans = self.buildable(cost, builders)
         return [p for i, p in enumerate(plans) if p not in plans[:i]]  # on equal devices, solved = even
 
