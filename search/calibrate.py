@@ -368,11 +368,11 @@ def calibrate_tp(cluster: Cluster, workload, profiles: ProfileSet, root: Path, s
     workloads): over the whole cluster as one group (2, 4 or 8 devices), DTensor's even shards and the
     solved per-rank slices; and, on 4 or 8 devices, each smaller group size: data-parallel replicas
     of its groups (solved slices, each grouping: 'strided' mixes speeds in every group, 'fast_links'
-    groups like devices) and DTensor's even shards on the fastest devices alone.  Each run stores the per-collective residual that makes its simulated step equal the
-    measured one: (measured - simulated) / the all-reduces on the critical path (found, like the
-    pipeline term's actions, as how much 1 ms more per collective lengthens the simulated step).  A
-    run whose replicas form groups of different kinds gives all of its not yet calibrated groups the
-    one term it measured.  On equal devices the solved shards are the even ones (DTensor's), so the
+    groups like devices) and DTensor's even shards on the fastest devices alone.  Each run stores the
+    per-collective residual that makes its simulated step equal the measured one: (measured -
+    simulated) / the all-reduces on the critical path (found, like the pipeline term's actions, as how
+    much 1 ms more per collective lengthens the simulated step).  A run whose replicas form groups of
+    different kinds gives all of its not yet calibrated groups the one term it measured.  On equal devices the solved shards are the even ones (DTensor's), so the
     slices term of the whole cluster stays uncalibrated (0)."""
     from hetsim.strategies.tp import GROUPINGS, TP, TP_SIZES, build_plan, tp_dims
 
