@@ -50,8 +50,9 @@ from hetsim.profiling.store import (
     safe_name,
     save,
 )
-from hetsim.reporting.decision import NOISE_FLOOR_REL
 from hetsim.types import Fit
+
+from .realruns import repeated_runs
 
 RESIDUAL = "calib_residual_s"
 """The single-device term's key in `ModelProfile.calib_failed` when its run failed."""
@@ -63,20 +64,16 @@ def robust_step_s(plan, *, cluster: Cluster, workload, ref_probe_s: float, steps
     a third when they disagree by more than the noise floor (`NOISE_FLOOR_REL`); the median is kept,
     so one run caught in a slow phase of the host is out-voted.  None when a run fails (the failing
     measurement says why)."""
-    times: list[float] = []
-    m = None
-    for k in range(3):
-        if k == 2:
-            if abs(times[0] / times[1] - 1) <= NOISE_FLOOR_REL:
-                break
-            say(f"  the two runs disagree ({times[0]:.3f} and {times[1]:.3f} s at the profiles' host speed): "
-                "a third decides")
-        m = measure(plan, cluster=cluster, workload_spec=workload.spec, optimizer=workload.optimizer, steps=steps,
-                    warmup=3, timeout_s=timeout_s)
-        if m.status != "ok" or m.step_time_s is None:
-            return m, None
-        times.append(m.step_time_at(ref_probe_s))
-    return m, statistics.median(times)
+    runs = repeated_runs(
+        lambda k: measure(plan, cluster=cluster, workload_spec=workload.spec, optimizer=workload.optimizer,
+                          steps=steps, warmup=3, timeout_s=timeout_s),
+        2, at=lambda m: m.step_time_at(ref_probe_s),
+        on_disagree=lambda a, b: say(f"  the two runs disagree ({a:.3f} and {b:.3f} s at the profiles' host speed): "
+                                     "a third decides"))
+    m = runs[-1]
+    if m.status != "ok" or m.step_time_s is None:
+        return m, None
+    return m, statistics.median(r.step_time_at(ref_probe_s) for r in runs)
 
 
 def calibrate(cluster: Cluster, workload, profiles: ProfileSet, req: ProfileRequest, say: Say = print) -> ProfileSet:

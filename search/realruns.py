@@ -54,34 +54,42 @@ def real_runs_step(study: optuna.Study, plans: Shortlist, opts: Options, console
 
 
 def run_plan(row: report.Row, opts: Options, fault) -> Measurement:
-    """The real runs of a shortlisted plan: `opts.repeats` runs, and with two a third when they disagree by
-    more than the noise floor (`NOISE_FLOOR_REL`), so that one run caught in a slow phase of a shared host
-    is out-voted as in calibration (`hetsim.search.calibrate.robust_step_s`); combined by `combine_runs`.
-    A run that fails ends the plan's runs with its status.  Logs and rank files under
-    OUT/runs/STUDY/run-RANK/ (the later runs: run-RANK-2/, run-RANK-3/)."""
+    """The real runs of a shortlisted plan (`repeated_runs`: `opts.repeats`, a third on a disagreement),
+    combined by `combine_runs`; a run that fails ends the plan's runs with its status.  Logs and rank
+    files under OUT/runs/STUDY/run-RANK/ (the later runs: run-RANK-2/, run-RANK-3/)."""
     wl = opts.workload
-    runs: list[Measurement] = []
-    for k in range(opts.repeats + 1):
-        if k == opts.repeats and not (k == 2 and _disagree(runs)):
-            break
-        name = f"run-{row.place}" + (f"-{k + 1}" if k else "")
-        m = measure(row.plan, cluster=opts.cluster, workload_spec=wl.spec, optimizer=wl.optimizer, steps=opts.steps,
-                    warmup=opts.warmup, timeout_s=opts.timeout_s, seed=opts.seed,
-                    out_dir=str(opts.out / "runs" / opts.study / name), launch_cfg=opts.launch,
-                    fault=fault if k == 0 else None)
-        if m.status != "ok" or m.step_time_s is None:
-            return m
-        runs.append(m)
-    return combine_runs(runs)
+    runs = repeated_runs(
+        lambda k: measure(row.plan, cluster=opts.cluster, workload_spec=wl.spec, optimizer=wl.optimizer,
+                          steps=opts.steps, warmup=opts.warmup, timeout_s=opts.timeout_s, seed=opts.seed,
+                          out_dir=str(opts.out / "runs" / opts.study / f"run-{row.place}{f'-{k + 1}' if k else ''}"),
+                          launch_cfg=opts.launch, fault=fault if k == 0 else None),
+        opts.repeats)
+    last = runs[-1]
+    return last if last.status != "ok" or last.step_time_s is None else combine_runs(runs)
 
 
 def _at_probe(m: Measurement) -> float:
     return m.steps_per_probe if m.steps_per_probe is not None else m.step_time_s
 
 
-def _disagree(runs: list[Measurement]) -> bool:
-    a, b = (_at_probe(m) for m in runs)
-    return abs(a / b - 1) > NOISE_FLOOR_REL
+def repeated_runs(run: Callable[[int], Measurement], repeats: int, at: Callable[[Measurement], float] = _at_probe,
+                  on_disagree: Callable[[float, float], None] | None = None) -> list[Measurement]:
+    """The real runs of one plan, `run(k)` making the k-th: `repeats` of them, and with two a third when
+    they disagree (by `at`, a step time at one host speed) by more than the noise floor
+    (`NOISE_FLOOR_REL`), so that one run caught in a slow phase of a shared host is out-voted.  Stops
+    at a failing run, which is then the last.  Shared by the executed plans and calibration
+    (`hetsim.search.calibrate.robust_step_s`)."""
+    runs: list[Measurement] = []
+    for k in range(repeats + 1):
+        if k == repeats:
+            if k != 2 or abs(at(runs[0]) / at(runs[1]) - 1) <= NOISE_FLOOR_REL:
+                break
+            if on_disagree is not None:
+                on_disagree(at(runs[0]), at(runs[1]))
+        runs.append(run(k))
+        if runs[-1].status != "ok" or runs[-1].step_time_s is None:
+            break
+    return runs
 
 
 def combine_runs(runs: list[Measurement]) -> Measurement:
