@@ -24,7 +24,7 @@ LIMITS: dict[str, tuple[int | float, str]] = {
     "--top-k": (100, "each is a real run of up to --timeout seconds"),
     "--steps": (10_000, "timed steps of each real run; a median settles within tens"),
     "--warmup": (1_000, "untimed steps of each real run"),
-    "--repeats": (10, "real runs of each shortlisted plan, each of --steps"),
+    "--repeats": (10, "real runs of each shortlisted plan and calibration plan"),
     "--timeout": (86_400.0, "one day per real run"),
     "--jobs": (64, "search worker processes on this machine"),
 }
@@ -156,8 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timed steps per real run (the median is reported; shared CPUs drift by ~10%%)")
     p.add_argument("--warmup", type=positive_int("--warmup"), default=3, help="untimed steps (at least 2: step 1 measures memory)")
     p.add_argument("--repeats", type=positive_int("--repeats"), default=2,
-                   help="real runs of each shortlisted plan, and a third when two disagree by more than the noise "
-                        "floor; the median is reported, every run is kept (default 2; 1: one run)")
+                   help="real runs of each shortlisted plan and of each calibration plan, and a third when two "
+                        "disagree by more than the noise floor; the median is reported, every run is kept "
+                        "(default 2; 1: one run)")
     p.add_argument("--timeout", type=positive_float("--timeout"), default=300.0, help="seconds per real run")
     p.add_argument("--storage", type=text_value("--storage"), default=None,
                    help="where the study is kept: journal:PATH (Optuna's journal file, several writers) or an "

@@ -9,9 +9,10 @@ ZeRO-2 and ZeRO-1 step adds to it, the per-action overhead of two real pipelines
 terms of the families it runs (`ProfileRequest.strategies`) and the data-parallel one its baseline needs.  `obtain_profiles` is the profiles
 step (hetsim.profiling.obtain) followed by this one, as the bench records its profiles.
 
-The single-device and the uniform terms (data parallel, ZeRO-3, ZeRO-2, ZeRO-1) each rest on two real runs, and a third when those two
-disagree by more than the noise floor (`robust_step_s`): one run that fell into a slow phase of the
-host had moved the data-parallel term by 0.16 s between two recordings made back to back.
+Every term rests on `--repeats` real runs of its plan (`ProfileRequest.repeats`, default two, and a
+third when those two disagree by more than the noise floor: `robust_step_s`): one run that fell into a
+slow phase of the host had moved the data-parallel term by 0.16 s between two recordings made back to
+back.
 """
 
 from __future__ import annotations
@@ -59,15 +60,15 @@ RESIDUAL = "calib_residual_s"
 
 
 def robust_step_s(plan, *, cluster: Cluster, workload, ref_probe_s: float, steps: int, say: Say,
-                  timeout_s: float = 600):
-    """(last measurement, step time at the profiles' host speed or None): two real runs of `plan`, and
-    a third when they disagree by more than the noise floor (`NOISE_FLOOR_REL`); the median is kept,
-    so one run caught in a slow phase of the host is out-voted.  None when a run fails (the failing
-    measurement says why)."""
+                  timeout_s: float = 600, repeats: int = 2):
+    """(last measurement, step time at the profiles' host speed or None): `repeats` real runs of `plan`
+    (the search's --repeats), with two a third when they disagree by more than the noise floor
+    (`NOISE_FLOOR_REL`); the median is kept, so one run caught in a slow phase of the host is
+    out-voted.  None when a run fails (the failing measurement says why)."""
     runs = repeated_runs(
         lambda k: measure(plan, cluster=cluster, workload_spec=workload.spec, optimizer=workload.optimizer,
                           steps=steps, warmup=3, timeout_s=timeout_s),
-        2, at=lambda m: m.step_time_at(ref_probe_s),
+        repeats, at=lambda m: m.step_time_at(ref_probe_s),
         on_disagree=lambda a, b: say(f"  the two runs disagree ({a:.3f} and {b:.3f} s at the profiles' host speed): "
                                      "a third decides"))
     m = runs[-1]
@@ -86,15 +87,16 @@ def calibrate(cluster: Cluster, workload, profiles: ProfileSet, req: ProfileRequ
 
     if cluster.links is None and len(cluster.devices) > 1 and all(d.backend != "catalog" for d in cluster.devices):
         # The uniform data-parallel baseline always runs; the other terms only for the families searched.
-        profiles = calibrate_sync(cluster, workload, profiles, req.root, say)
+        r = req.repeats
+        profiles = calibrate_sync(cluster, workload, profiles, req.root, say, repeats=r)
         if searched("zero"):
-            profiles = calibrate_sharded(cluster, workload, profiles, req.root, say)
-            profiles = calibrate_zero2(cluster, workload, profiles, req.root, say)
-            profiles = calibrate_zero1(cluster, workload, profiles, req.root, say)
+            profiles = calibrate_sharded(cluster, workload, profiles, req.root, say, repeats=r)
+            profiles = calibrate_zero2(cluster, workload, profiles, req.root, say, repeats=r)
+            profiles = calibrate_zero1(cluster, workload, profiles, req.root, say, repeats=r)
         if searched("pipeline", "hybrid"):
-            profiles = calibrate_pipeline(cluster, workload, profiles, req.root, say, req.global_batch)
+            profiles = calibrate_pipeline(cluster, workload, profiles, req.root, say, req.global_batch, repeats=r)
         if searched("tp"):
-            profiles = calibrate_tp(cluster, workload, profiles, req.root, say, req.global_batch)
+            profiles = calibrate_tp(cluster, workload, profiles, req.root, say, req.global_batch, repeats=r)
     say(f"calibration ready in {time.perf_counter() - t0:.0f} s")
     return profiles
 
@@ -164,12 +166,13 @@ def calibrate_devices(cluster: Cluster, workload, profiles: ProfileSet, req: Pro
         dev = next((d for d in cluster.devices if d.kind == kind and d.backend != "catalog"), None)
         if dev is None or prof.calib_residual_s is not None or RESIDUAL in prof.calib_failed:
             continue
-        models[kind] = calibrate_residual(dev, workload, prof, profiles.devices[kind], sizes, say)
+        models[kind] = calibrate_residual(dev, workload, prof, profiles.devices[kind], sizes, say, repeats=req.repeats)
         save(models[kind], model_profile_path(req.root, kind, workload.spec))
     return replace(profiles, models=models)
 
 
-def calibrate_residual(device, workload, prof: ModelProfile, dev_prof: DeviceProfile, sizes, say: Say) -> ModelProfile:
+def calibrate_residual(device, workload, prof: ModelProfile, dev_prof: DeviceProfile, sizes, say: Say,
+                       repeats: int = 2) -> ModelProfile:
     """Run the real data-parallel executor on one device of this kind at two batch sizes and fit
     what the isolated block timings miss (measured step - predicted step), per micro-step."""
     one_dev = replace(device, speed=1.0, memory_bytes=1 << 50, index=device.index)
@@ -183,7 +186,8 @@ def calibrate_residual(device, workload, prof: ModelProfile, dev_prof: DevicePro
         pred = DDP().predict(plan, cost)[0].step_time_s
         say(f"calibrating {prof.device_kind}: real single-device step at batch {b}")
         # One local device: never a multi-node rendezvous.
-        m, real = robust_step_s(plan, cluster=one, workload=workload, ref_probe_s=prof.probe_s, steps=10, say=say)
+        m, real = robust_step_s(plan, cluster=one, workload=workload, ref_probe_s=prof.probe_s, steps=10, say=say,
+                                repeats=repeats)
         if real is None:
             say(f"calibration run failed ({m.status}); keeping the uncalibrated block model")
             return replace(prof, calib_failed={**prof.calib_failed, RESIDUAL: m.status})
@@ -192,26 +196,29 @@ def calibrate_residual(device, workload, prof: ModelProfile, dev_prof: DevicePro
     return replace(prof, calib_residual_s=Fit.least_squares(xs, ys, nonneg=False))
 
 
-def calibrate_sync(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say) -> ProfileSet:
+def calibrate_sync(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
+                   repeats: int = 2) -> ProfileSet:
     """Run the uniform data-parallel step on the whole cluster once and record what the simulated
     gradient synchronisation misses (contention between ranks, gloo progress), per model kind."""
 
     return _calibrate_uniform(cluster, workload, profiles, root, say, DDP(), "sync_residual_s",
                               "gradient synchronisation: a real uniform step",
-                              "the simulated bucket all-reduce stands alone")
+                              "the simulated bucket all-reduce stands alone", repeats=repeats)
 
 
-def calibrate_sharded(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say) -> ProfileSet:
+def calibrate_sharded(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
+                      repeats: int = 2) -> ProfileSet:
     """Run the uniform FSDP (ZeRO-3) step on the whole cluster once and record what its simulation
     misses beyond the data-parallel synchronisation term (on CPU: gloo all-gathers that re-gather
     each block in backward while the peer rank computes; measured 26-40% slower than simulated)."""
 
     return _calibrate_uniform(cluster, workload, profiles, root, say, ZeRO(), "shard_residual_s",
                               "sharded data parallelism: a real uniform FSDP step",
-                              "FSDP plans keep the data-parallel term alone")
+                              "FSDP plans keep the data-parallel term alone", repeats=repeats)
 
 
-def calibrate_zero2(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say) -> ProfileSet:
+def calibrate_zero2(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
+                    repeats: int = 2) -> ProfileSet:
     """Run the uniform ZeRO-2 step (FSDP2 keeping gathered parameters from forward to backward) on the
     whole cluster once and record what its simulation misses beyond the data-parallel term: on CPU
     ranks its per-block collectives cost about what ZeRO-3's do (vit@tiny@32 on the default cluster:
@@ -219,21 +226,22 @@ def calibrate_zero2(cluster: Cluster, workload, profiles: ProfileSet, root: Path
 
     return _calibrate_uniform(cluster, workload, profiles, root, say, ZeRO(), "zero2_residual_s",
                               "gradient-sharded data parallelism: a real uniform ZeRO-2 step",
-                              "ZeRO-2 plans keep the data-parallel term alone", zero_stage=2)
+                              "ZeRO-2 plans keep the data-parallel term alone", zero_stage=2, repeats=repeats)
 
 
-def calibrate_zero1(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say) -> ProfileSet:
+def calibrate_zero1(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
+                    repeats: int = 2) -> ProfileSet:
     """Run the uniform ZeRO-1 step (DDP + ZeroRedundancyOptimizer) on the whole cluster once and record
     what its simulation misses beyond the data-parallel term: ZeroRedundancyOptimizer broadcasts each
     owner's parameters one tensor at a time (bert@tiny@64: predicted 15-19 % fast without it)."""
 
     return _calibrate_uniform(cluster, workload, profiles, root, say, ZeRO(), "zero1_residual_s",
                               "optimizer-sharded data parallelism: a real uniform ZeRO-1 step",
-                              "ZeRO-1 plans keep the data-parallel term alone", zero_stage=1)
+                              "ZeRO-1 plans keep the data-parallel term alone", zero_stage=1, repeats=repeats)
 
 
 def _calibrate_uniform(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say, strat, field: str,
-                       what: str, fallback: str, zero_stage: int | None = None) -> ProfileSet:
+                       what: str, fallback: str, zero_stage: int | None = None, repeats: int = 2) -> ProfileSet:
     """One real run of `strat`'s baseline (at `zero_stage` when given) on the whole cluster; its measured
     minus simulated step is stored in each model profile's `field` under the cluster's group key (once
     per group)."""
@@ -257,7 +265,8 @@ def _calibrate_uniform(cluster: Cluster, workload, profiles: ProfileSet, root: P
     say(f"calibrating {what} on all {len(cluster.devices)} devices")
     refs = {prof.probe_s for prof in profiles.models.values()}
     ref = next(iter(refs)) if len(refs) == 1 else 0.0  # one host-speed reference for every kind (0: none)
-    m, real_common = robust_step_s(plan, cluster=cluster, workload=workload, ref_probe_s=ref, steps=10, say=say)
+    m, real_common = robust_step_s(plan, cluster=cluster, workload=workload, ref_probe_s=ref, steps=10, say=say,
+                                   repeats=repeats)
     ok = real_common is not None
     if not ok:
         say(f"{what.split(':')[0]} calibration failed ({m.status}); {fallback}")
@@ -309,7 +318,7 @@ def calibration_pipeline_plans(cost, global_batch: int, min_micro: int) -> list:
 
 
 def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
-                       global_batch: int) -> ProfileSet:
+                       global_batch: int, repeats: int = 2) -> ProfileSet:
     """Run two short real pipelines on the whole cluster (each twice, a third time when the two disagree:
     `robust_step_s`) and record the per-compute-action residual
     (a + b * micro-batch, like `calibrate_residual` per data-parallel micro-step) that makes their
@@ -333,7 +342,7 @@ def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: P
     for plan in calibration_pipeline_plans(cost0, global_batch, min_samples_per_micro_batch(workload.has_batchnorm)):
         say(f"calibrating pipeline actions: a real {pipe.label(plan)} step on all {len(cluster.devices)} devices")
         m, real = robust_step_s(plan, cluster=cluster, workload=workload, ref_probe_s=profile_ref(profiles.models.values()),
-                                steps=6, say=say)
+                                steps=6, say=say, repeats=repeats)
         if real is None:
             say(f"pipeline calibration run failed ({m.status})")
             continue
@@ -360,7 +369,7 @@ TP_FIELDS = {"tp_dtensor_collective_s": True, "tp_collective_s": False}
 
 
 def calibrate_tp(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say, global_batch: int,
-                 delta: float = 1e-3) -> ProfileSet:
+                 delta: float = 1e-3, repeats: int = 2) -> ProfileSet:
     """Short real tensor-parallel steps, one per kind of tensor group the search can form (transformer
     workloads): over the whole cluster as one group (2, 4 or 8 devices), DTensor's even shards and the
     solved per-rank slices; and, on 4 or 8 devices, each smaller group size: data-parallel replicas
@@ -415,7 +424,7 @@ def calibrate_tp(cluster: Cluster, workload, profiles: ProfileSet, root: Path, s
                  else f"{plan.dp} replicas of {plan.tp_size}-device tensor groups")
         say(f"calibrating tensor parallelism: a real {tp.label(plan)} step on {where}")
         m, real = robust_step_s(plan, cluster=cluster, workload=workload, ref_probe_s=profile_ref(profiles.models.values()),
-                                steps=6, say=say)
+                                steps=6, say=say, repeats=repeats)
         failed = real is None
         if failed:
             say(f"tensor-parallel calibration run failed ({m.status}); its all-reduces carry no calibrated overhead")

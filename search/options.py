@@ -58,7 +58,8 @@ class Options:
         from hetsim.profiling.obtain import ProfileRequest  # imports torch: not at --help time
 
         return ProfileRequest(root=self.out, global_batch=self.global_batch, precisions=self.precisions,
-                              reprofile=self.reprofile, launch=self.launch, strategies=self.strategies)
+                              reprofile=self.reprofile, launch=self.launch, strategies=self.strategies,
+                              repeats=self.repeats)
 
 
 def default_study_name(model: str, cluster_spec: str, gb: int, names: tuple[str, ...]) -> str:

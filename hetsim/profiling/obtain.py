@@ -52,6 +52,8 @@ class ProfileRequest:
     """torchrun settings of the collective benchmark (multi-node runs)."""
     strategies: tuple[str, ...] | None = None
     """The families the search will run: calibration measures only their terms (None: every term)."""
+    repeats: int = 2
+    """Real runs of each calibration plan (the search's --repeats; with two, a third when they disagree)."""
 
 
 COUPLED_CHUNKS = (4, 8)

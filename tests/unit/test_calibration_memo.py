@@ -42,6 +42,28 @@ def test_calibration_runs_out_vote_an_outlier(monkeypatch, steps, runs, kept):
     assert bool(said) == (runs == 3)
 
 
+def test_one_repeat_runs_each_calibration_plan_once(make_cost, gn_profile, tmp_path, monkeypatch):
+    """--repeats 1 reaches every calibration run through ProfileRequest.repeats: one run each, its
+    step kept as measured (no third run however far it is from the simulation)."""
+    from hetsim.profiling.obtain import ProfileRequest
+
+    cost = make_cost("emu:1.0@4G,0.5@4G")
+    calls = []
+
+    def fake_measure(plan, **k):
+        calls.append(plan)
+        return Measurement(status="ok", step_time_s=5.0)
+
+    monkeypatch.setattr(calibrate, "measure", fake_measure)
+    monkeypatch.setattr(calibrate, "calibrate_devices", lambda c, w, p, r, s: p)
+    req = ProfileRequest(root=tmp_path, global_batch=16, precisions=("fp32",), strategies=("ddp", "zero"), repeats=1)
+    profiles = calibrate.calibrate(cost.cluster, gn_profile[0], cost.profiles, req, say=lambda m: None)
+    assert len(calls) == 4  # data parallel, ZeRO-3, ZeRO-2, ZeRO-1: one run each
+    key = next(iter(next(iter(profiles.models.values())).sync_residual_s))
+    sim = calibrate.DDP().predict(calls[0], cost)[0].step_time_s
+    assert next(iter(profiles.models.values())).sync_residual_s[key] == pytest.approx(5.0 - sim)
+
+
 def test_tensor_parallel_calibration_makes_each_realisation_step_as_measured(make_gpt_cost, gpt_profile, tmp_path,
                                                                               monkeypatch):
     """Two real runs over the whole cluster as one tensor group, DTensor's even shards and the
