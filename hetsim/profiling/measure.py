@@ -135,7 +135,7 @@ def _saved_bytes(fn: Callable[[], torch.Tensor], exclude: set[int]) -> tuple[tor
                 seen[ptr] = st.nbytes()
         except (RuntimeError, NotImplementedError):
             pass
-        return t
+        return t.detach()  # not t: a saved output would hold its own graph (a cycle gc cannot see)
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn()

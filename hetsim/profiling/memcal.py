@@ -30,7 +30,7 @@ def _saved_bytes(model: torch.nn.Module, x: torch.Tensor, device: torch.device, 
                 seen.setdefault(st.data_ptr(), st.nbytes())
         except (RuntimeError, NotImplementedError):  # tensors without storage (sparse, meta)
             pass
-        return t
+        return t.detach()  # not t: a saved output would hold its own graph (a cycle gc cannot see)
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast(device, precision):
         out = model(x)

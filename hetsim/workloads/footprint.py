@@ -48,7 +48,7 @@ def _traced_saved_bytes(workload: Workload, x: torch.Tensor, y: torch.Tensor) ->
             st = t.untyped_storage()
             if st._cdata not in params:  # a storage's identity: meta tensors have no data pointer
                 seen[st._cdata] = st.nbytes()
-            return t
+            return t.detach()  # not t: a saved output would hold its own graph (a cycle gc cannot see)
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             h = x.to("meta")
