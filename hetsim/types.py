@@ -140,6 +140,11 @@ class Measurement:
     """When the plan ran more than once (`python -m hetsim.search --repeats`): each run's step in probe
     times (its `steps_per_probe`; its raw step time when unprobed); this measurement holds their median."""
 
+    @property
+    def timed(self) -> bool:
+        """The run finished and measured a step time (every figure of merit needs one)."""
+        return self.status == "ok" and bool(self.step_time_s)
+
     def step_time_at(self, ref_probe_s: float) -> float | None:
         """The measured step time at the host speed whose probe time is `ref_probe_s` (a profile's
         `probe_s`); the raw step time when either side was not probed."""

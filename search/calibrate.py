@@ -22,6 +22,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from hetsim.strategies._coupled import GRAD_CACHE_CHOICES
 from hetsim.strategies.base import SearchContext
 from hetsim.strategies.ddp import DDP, DDPPlan
 from hetsim.strategies.pipeline import Pipeline
@@ -57,6 +58,8 @@ from .realruns import repeated_runs
 
 RESIDUAL = "calib_residual_s"
 """The single-device term's key in `ModelProfile.calib_failed` when its run failed."""
+GC_RESIDUAL = "grad_cache_residual_s"
+"""The single-device gradient-cache term's key in `ModelProfile.calib_failed`."""
 
 
 def robust_step_s(plan, *, cluster: Cluster, workload, ref_probe_s: float, steps: int, say: Say,
@@ -72,7 +75,7 @@ def robust_step_s(plan, *, cluster: Cluster, workload, ref_probe_s: float, steps
         on_disagree=lambda a, b: say(f"  the two runs disagree ({a:.3f} and {b:.3f} s at the profiles' host speed): "
                                      "a third decides"))
     m = runs[-1]
-    if m.status != "ok" or m.step_time_s is None:
+    if not m.timed:
         return m, None
     return m, statistics.median(r.step_time_at(ref_probe_s) for r in runs)
 
@@ -164,20 +167,33 @@ def calibrate_devices(cluster: Cluster, workload, profiles: ProfileSet, req: Pro
     models = dict(profiles.models)
     for kind, prof in profiles.models.items():
         dev = next((d for d in cluster.devices if d.kind == kind and d.backend != "catalog"), None)
-        if dev is None or prof.calib_residual_s is not None or RESIDUAL in prof.calib_failed:
+        if dev is None:
             continue
-        models[kind] = calibrate_residual(dev, workload, prof, profiles.devices[kind], sizes, say, repeats=req.repeats)
-        save(models[kind], model_profile_path(req.root, kind, workload.spec))
+        if prof.calib_residual_s is None and RESIDUAL not in prof.calib_failed:
+            prof = calibrate_residual(dev, workload, prof, profiles.devices[kind], sizes, say, repeats=req.repeats)
+            save(prof, model_profile_path(req.root, kind, workload.spec))
+        if (workload.batch_coupled and prof.grad_cache_residual_s is None and GC_RESIDUAL not in prof.calib_failed
+                and (req.strategies is None or {"ddp", "zero"} & set(req.strategies))):
+            # Chunks of a slow device's share of the batch: a quarter of a uniform share, in 2 and 8 chunks.
+            local = min(sizes[-1], max(2 * max(GRAD_CACHE_CHOICES), req.global_batch // (2 * len(cluster.devices))))
+            prof = calibrate_grad_cache(dev, workload, prof, profiles.devices[kind], local, say, repeats=req.repeats)
+            save(prof, model_profile_path(req.root, kind, workload.spec))
+        models[kind] = prof
     return replace(profiles, models=models)
+
+
+def _one_device(device) -> Cluster:
+    """A cluster of this one device at full speed with no memory cap: single-device calibration runs."""
+    one_dev = replace(device, speed=1.0, memory_bytes=1 << 50, index=device.index)
+    return Cluster(spec="calibration", source=device.backend if device.backend != "catalog" else "emulated",
+                   devices=(one_dev,))
 
 
 def calibrate_residual(device, workload, prof: ModelProfile, dev_prof: DeviceProfile, sizes, say: Say,
                        repeats: int = 2) -> ModelProfile:
     """Run the real data-parallel executor on one device of this kind at two batch sizes and fit
     what the isolated block timings miss (measured step - predicted step), per micro-step."""
-    one_dev = replace(device, speed=1.0, memory_bytes=1 << 50, index=device.index)
-    one = Cluster(spec="calibration", source=device.backend if device.backend != "catalog" else "emulated",
-                  devices=(one_dev,))
+    one = _one_device(device)
     cost = CostModel(one, ProfileSet(models={prof.device_kind: prof}, devices={prof.device_kind: dev_prof}),
                      workload.optimizer)
     xs, ys = [], []
@@ -194,6 +210,33 @@ def calibrate_residual(device, workload, prof: ModelProfile, dev_prof: DevicePro
         xs.append(float(b))
         ys.append(real - pred)
     return replace(prof, calib_residual_s=Fit.least_squares(xs, ys, nonneg=False))
+
+
+def calibrate_grad_cache(device, workload, prof: ModelProfile, dev_prof: DeviceProfile, local: int, say: Say,
+                         repeats: int = 2) -> ModelProfile:
+    """Run the real single-device gradient-cache step of `local` samples in the fewest and the most
+    chunks the search offers and fit what the block timings miss per chunk, vs chunk size
+    (`ModelProfile.grad_cache_residual_s`).  A chunk runs twice (no graph, then with its embedding
+    gradient) at sizes far below a plain micro-batch's, where a plain step's residual is no guide."""
+    one = _one_device(device)
+    bare = replace(prof, calib_residual_s=None, grad_cache_residual_s=None)
+    cost = CostModel(one, ProfileSet(models={prof.device_kind: bare}, devices={prof.device_kind: dev_prof}),
+                     workload.optimizer, has_batchnorm=workload.has_batchnorm, batch_coupled=True,
+                     logits_per_sample_sq=workload.logits_per_sample_sq)
+    xs, ys = [], []
+    for chunks in (max(GRAD_CACHE_CHOICES), min(c for c in GRAD_CACHE_CHOICES if c > 1)):
+        plan = DDPPlan(devices=(0,), local_batch=(local,), grad_cache_chunks=chunks)
+        pred = DDP().predict(plan, cost)[0].step_time_s
+        say(f"calibrating {prof.device_kind}: real single-device gradient-cache step, {local} samples in {chunks} chunks")
+        m, real = robust_step_s(plan, cluster=one, workload=workload, ref_probe_s=prof.probe_s, steps=10, say=say,
+                                repeats=repeats)
+        if real is None:
+            say(f"calibration run failed ({m.status}); gradient-cache chunks keep a plain micro-step's residual")
+            return replace(prof, calib_failed={**prof.calib_failed, GC_RESIDUAL: m.status})
+        xs.append(local / chunks)
+        ys.append((real - pred) / chunks)
+    line = Fit.least_squares(xs, ys, nonneg=False)
+    return replace(prof, grad_cache_residual_s=replace(line, knots=tuple(sorted(zip(xs, ys)))))
 
 
 def calibrate_sync(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,

@@ -20,7 +20,7 @@ TRAIN_STEPS = 30
 
 def plan_file(row: Row, *, cluster: Cluster, workload: str, optimizer: str, study: str) -> PlanFile:
     m = row.measured
-    ok = m is not None and m.status == "ok" and m.step_time_s
+    ok = m is not None and m.timed
     at_ref = m.step_time_at(row.ref_probe_s) if ok else None
     gb = row.plan.global_batch
     return PlanFile(plan=to_dict(row.plan), label=row.label, cluster_spec=cluster.spec,
@@ -34,7 +34,7 @@ def plan_file(row: Row, *, cluster: Cluster, workload: str, optimizer: str, stud
 
 def best_row(rows: list[Row]) -> Row | None:
     """The best measured plan (at the profiles' host speed), else the best predicted one."""
-    measured = [r for r in rows if r.measured is not None and r.measured.status == "ok" and r.measured.step_time_s]
+    measured = [r for r in rows if r.measured is not None and r.measured.timed]
     if measured:
         return min(measured, key=lambda r: r.measured.step_time_at(r.ref_probe_s) / r.plan.global_batch)
     feasible = [r for r in rows if r.predicted.feasible]

@@ -65,7 +65,7 @@ def run_plan(row: report.Row, opts: Options, fault) -> Measurement:
                           launch_cfg=opts.launch, fault=fault if k == 0 else None),
         opts.repeats)
     last = runs[-1]
-    return last if last.status != "ok" or last.step_time_s is None else combine_runs(runs)
+    return combine_runs(runs) if last.timed else last
 
 
 def _at_probe(m: Measurement) -> float:
@@ -87,7 +87,7 @@ def repeated_runs(run: Callable[[int], Measurement], repeats: int, at: Callable[
             if on_disagree is not None:
                 on_disagree(at(runs[0]), at(runs[1]))
         runs.append(run(k))
-        if runs[-1].status != "ok" or runs[-1].step_time_s is None:
+        if not runs[-1].timed:
             break
     return runs
 

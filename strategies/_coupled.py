@@ -54,8 +54,8 @@ def check_chunks(plan, cost: CostModel, family: str) -> None:
 
 def no_graph_forward_s(cost: CostModel, dev: int, m: int, precision: str = "fp32") -> float:
     """The gradient cache's first pass over one chunk of m samples on device dev: the whole model's
-    forward without autograd recording, and the micro-step's overhead."""
-    return cost.nograd_fwd_s(dev, 0, cost.facts.n_blocks, m, precision) + cost.overhead_s(dev, m)
+    forward without autograd recording, and that pass's overhead (`CostModel.overhead_s` with grad_cache)."""
+    return cost.nograd_fwd_s(dev, 0, cost.facts.n_blocks, m, precision) + cost.overhead_s(dev, m, grad_cache=True)
 
 
 def coupled_gather(g: TaskGraph, cost: CostModel, devices: tuple[int, ...], sizes: list[list[int]],

@@ -169,15 +169,24 @@ class CostModel:
 
         return mult * f * sum(fit(b.timing[key])(mb) for b in prof.blocks[lo:hi])
 
-    def overhead_s(self, dev: int, mb: float = 0.0) -> float:
-        """Per-micro-step time outside the blocks, calibrated against real executor steps."""
+    def overhead_s(self, dev: int, mb: float = 0.0, grad_cache: bool = False) -> float:
+        """Per-micro-step time outside the blocks, calibrated against real executor steps.  With
+        `grad_cache`, one of a gradient-cache chunk's two passes over mb samples: half its calibrated
+        per-chunk residual (`ModelProfile.grad_cache_residual_s`) where measured, else a plain
+        micro-step's."""
         prof, mult = self._scale[dev]
+        # The emulator throttles blocks and the optimizer only: the rest runs at full speed there.
+        scale = 1.0 if self.device(dev).backend == "emulated" else mult
+        gc = prof.grad_cache_residual_s if grad_cache else None
+        if gc is not None:
+            # Time the chunk's blocks take beyond their isolated timings: block time, which a slower device
+            # (the emulator's too) stretches; simclr@96 missed 0.07 s per chunk of 21.5 at full speed and
+            # 0.10 s per chunk of 10.5 at half speed.
+            return max(0.0, prof.step_overhead_s * scale + mult * gc(mb) / 2)
         extra = 0.0
         if prof.calib_residual_s is not None:
             r = prof.calib_residual_s
             extra = r.intercept + r.slope * mb
-        # The emulator throttles blocks and the optimizer only: this part runs at full speed there.
-        scale = 1.0 if self.device(dev).backend == "emulated" else mult
         return max(0.0, (prof.step_overhead_s + extra) * scale)
 
     def stage_overhead_s(self, dev: int, lo: int, hi: int, mb: float, precision: str = "fp32") -> float:

@@ -82,6 +82,12 @@ class ModelProfile:
     calib_residual_s: Fit | None = None
     """Measured real step minus the block-sum prediction, per micro-step, vs micro-batch: what
     isolated block timings miss in the real executor (DDP hooks, loss, zero_grad, Python)."""
+    grad_cache_residual_s: Fit | None = None
+    """Batch-coupled workloads: a real single-device gradient-cache step minus its block-sum prediction,
+    per chunk at full speed, vs chunk size (both passes of a chunk; the line through two measured
+    sizes, `CostModel.overhead_s` scales it with the device's slowdown).  A plain
+    step's residual does not carry over: simclr@96's was 0.12 s at batch 16 while a gradient-cache
+    step of 8 chunks of 21.5 missed 0.07 s per chunk (two passes)."""
     grad_cosine: dict[str, float] = field(default_factory=dict)
     """Per low precision: cosine between its gradient and the fp32 gradient of one batch on this
     device kind (measured at profiling).  Empty in profiles recorded without it."""

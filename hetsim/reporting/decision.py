@@ -125,7 +125,7 @@ def outside(row) -> bool | None:
     fell outside its prediction's interval; None when the row did not run to the end.  `row` is a
     hetsim.reporting.report.Row (predicted, measured, ref_probe_s, timing_spread)."""
     m = row.measured
-    if m is None or m.status != "ok" or not m.step_time_s:
+    if m is None or not m.timed:
         return None
     return outside_interval(row.predicted.step_time_s, m.step_time_at(row.ref_probe_s), interval_rel(row.timing_spread))
 

@@ -30,7 +30,7 @@ def mape(pairs: Sequence[tuple[float, float]]) -> float:
 def err_pct(row: Row) -> float | None:
     """The row's step-time error in percent, against the measured step at the profiles' host speed."""
     m = row.measured
-    if m is None or m.status != "ok" or not m.step_time_s:
+    if m is None or not m.timed:
         return None
     return 100.0 * rel_err(row.predicted.step_time_s, m.step_time_at(row.ref_probe_s))
 
