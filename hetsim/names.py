@@ -3,6 +3,11 @@ input against them before torch loads)."""
 
 from __future__ import annotations
 
+REPEATS = 2
+"""Real runs of a plan, executed or calibration, unless `--repeats` says otherwise: with two, a third
+when they disagree by more than the noise floor (`hetsim.reporting.decision.NOISE_FLOOR_REL`), and the
+median kept (`hetsim.search.realruns.repeated_runs`)."""
+
 PRECISIONS = ("fp32", "bf16", "fp16")
 """'fp32'; 'bf16' and 'fp16' run under torch.autocast (fp16 with loss scaling, CUDA only)."""
 

@@ -8,7 +8,7 @@ import re
 import sys
 
 from hetsim.errors import HetsimError, UnknownNameError, shown
-from hetsim.names import OPTIMIZERS, PRECISIONS
+from hetsim.names import OPTIMIZERS, PRECISIONS, REPEATS
 
 from .options import DEFAULT_OUT
 
@@ -155,10 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=positive_int("--steps"), default=8,
                    help="timed steps per real run (the median is reported; shared CPUs drift by ~10%%)")
     p.add_argument("--warmup", type=positive_int("--warmup"), default=3, help="untimed steps (at least 2: step 1 measures memory)")
-    p.add_argument("--repeats", type=positive_int("--repeats"), default=2,
+    p.add_argument("--repeats", type=positive_int("--repeats"), default=REPEATS,
                    help="real runs of each shortlisted plan and of each calibration plan, and a third when two "
                         "disagree by more than the noise floor; the median is reported, every run is kept "
-                        "(default 2; 1: one run)")
+                        "(default %(default)s; 1: one run)")
     p.add_argument("--timeout", type=positive_float("--timeout"), default=300.0, help="seconds per real run")
     p.add_argument("--storage", type=text_value("--storage"), default=None,
                    help="where the study is kept: journal:PATH (Optuna's journal file, several writers) or an "

@@ -33,7 +33,7 @@ from hetsim.execution.runner import Launch, measure
 from hetsim.hardware.cluster import Cluster
 from hetsim.model.costmodel import CostModel
 from hetsim.model.roofline import ModelShapes, catalog_profile
-from hetsim.names import min_samples_per_micro_batch
+from hetsim.names import REPEATS, min_samples_per_micro_batch
 from hetsim.profiling.hostspeed import profile_ref
 from hetsim.profiling.obtain import (
     ProfileRequest,
@@ -63,7 +63,7 @@ GC_RESIDUAL = "grad_cache_residual_s"
 
 
 def robust_step_s(plan, *, cluster: Cluster, workload, ref_probe_s: float, steps: int, say: Say,
-                  timeout_s: float = 600, repeats: int = 2):
+                  timeout_s: float = 600, repeats: int = REPEATS):
     """(last measurement, step time at the profiles' host speed or None): `repeats` real runs of `plan`
     (the search's --repeats), with two a third when they disagree by more than the noise floor
     (`NOISE_FLOOR_REL`); the median is kept, so one run caught in a slow phase of the host is
@@ -174,9 +174,12 @@ def calibrate_devices(cluster: Cluster, workload, profiles: ProfileSet, req: Pro
             save(prof, model_profile_path(req.root, kind, workload.spec))
         if (workload.batch_coupled and prof.grad_cache_residual_s is None and GC_RESIDUAL not in prof.calib_failed
                 and (req.strategies is None or {"ddp", "zero"} & set(req.strategies))):
-            # Chunks of a slow device's share of the batch: a quarter of a uniform share, in 2 and 8 chunks.
-            local = min(sizes[-1], max(2 * max(GRAD_CACHE_CHOICES), req.global_batch // (2 * len(cluster.devices))))
-            prof = calibrate_grad_cache(dev, workload, prof, profiles.devices[kind], local, say, repeats=req.repeats)
+            # Half a uniform share and a whole one, in the most chunks the search offers: the chunk sizes
+            # of the plans that need the cache (a slow device's and a fast one's, 10.75 and 21.25 for
+            # simclr's 86/170 on 2 devices) lie between or just past them.
+            share = req.global_batch // len(cluster.devices)
+            locals_ = sorted({min(sizes[-1], max(2 * max(GRAD_CACHE_CHOICES), b)) for b in (share // 2, share)})
+            prof = calibrate_grad_cache(dev, workload, prof, profiles.devices[kind], locals_, say, repeats=req.repeats)
             save(prof, model_profile_path(req.root, kind, workload.spec))
         models[kind] = prof
     return replace(profiles, models=models)
@@ -190,7 +193,7 @@ def _one_device(device) -> Cluster:
 
 
 def calibrate_residual(device, workload, prof: ModelProfile, dev_prof: DeviceProfile, sizes, say: Say,
-                       repeats: int = 2) -> ModelProfile:
+                       repeats: int = REPEATS) -> ModelProfile:
     """Run the real data-parallel executor on one device of this kind at two batch sizes and fit
     what the isolated block timings miss (measured step - predicted step), per micro-step."""
     one = _one_device(device)
@@ -212,19 +215,22 @@ def calibrate_residual(device, workload, prof: ModelProfile, dev_prof: DevicePro
     return replace(prof, calib_residual_s=Fit.least_squares(xs, ys, nonneg=False))
 
 
-def calibrate_grad_cache(device, workload, prof: ModelProfile, dev_prof: DeviceProfile, local: int, say: Say,
-                         repeats: int = 2) -> ModelProfile:
-    """Run the real single-device gradient-cache step of `local` samples in the fewest and the most
-    chunks the search offers and fit what the block timings miss per chunk, vs chunk size
+def calibrate_grad_cache(device, workload, prof: ModelProfile, dev_prof: DeviceProfile, locals_: list[int],
+                         say: Say, repeats: int = REPEATS) -> ModelProfile:
+    """Run the real single-device gradient-cache step of each of `locals_` samples in the most chunks
+    the search offers and fit what the block timings miss per chunk, vs chunk size
     (`ModelProfile.grad_cache_residual_s`).  A chunk runs twice (no graph, then with its embedding
-    gradient) at sizes far below a plain micro-batch's, where a plain step's residual is no guide."""
+    gradient) at sizes far below a plain micro-batch's, where a plain step's residual is no guide.
+    Larger chunks are no guide either: simclr@96's CPU blocks cost 6x more at 64 samples than at 32
+    (the cache), and a line through chunks of 8 and 32 over-charged its 21-sample chunks by 2x."""
     one = _one_device(device)
     bare = replace(prof, calib_residual_s=None, grad_cache_residual_s=None)
     cost = CostModel(one, ProfileSet(models={prof.device_kind: bare}, devices={prof.device_kind: dev_prof}),
                      workload.optimizer, has_batchnorm=workload.has_batchnorm, batch_coupled=True,
                      logits_per_sample_sq=workload.logits_per_sample_sq)
     xs, ys = [], []
-    for chunks in (max(GRAD_CACHE_CHOICES), min(c for c in GRAD_CACHE_CHOICES if c > 1)):
+    chunks = max(GRAD_CACHE_CHOICES)
+    for local in locals_:
         plan = DDPPlan(devices=(0,), local_batch=(local,), grad_cache_chunks=chunks)
         pred = DDP().predict(plan, cost)[0].step_time_s
         say(f"calibrating {prof.device_kind}: real single-device gradient-cache step, {local} samples in {chunks} chunks")
@@ -236,11 +242,12 @@ def calibrate_grad_cache(device, workload, prof: ModelProfile, dev_prof: DeviceP
         xs.append(local / chunks)
         ys.append((real - pred) / chunks)
     line = Fit.least_squares(xs, ys, nonneg=False)
-    return replace(prof, grad_cache_residual_s=replace(line, knots=tuple(sorted(zip(xs, ys)))))
+    return replace(prof, grad_cache_residual_s=replace(line, knots=tuple(sorted(zip(xs, ys)))) if len(xs) > 1
+                   else line)
 
 
 def calibrate_sync(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
-                   repeats: int = 2) -> ProfileSet:
+                   repeats: int = REPEATS) -> ProfileSet:
     """Run the uniform data-parallel step on the whole cluster once and record what the simulated
     gradient synchronisation misses (contention between ranks, gloo progress), per model kind."""
 
@@ -250,7 +257,7 @@ def calibrate_sync(cluster: Cluster, workload, profiles: ProfileSet, root: Path,
 
 
 def calibrate_sharded(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
-                      repeats: int = 2) -> ProfileSet:
+                      repeats: int = REPEATS) -> ProfileSet:
     """Run the uniform FSDP (ZeRO-3) step on the whole cluster once and record what its simulation
     misses beyond the data-parallel synchronisation term (on CPU: gloo all-gathers that re-gather
     each block in backward while the peer rank computes; measured 26-40% slower than simulated)."""
@@ -261,7 +268,7 @@ def calibrate_sharded(cluster: Cluster, workload, profiles: ProfileSet, root: Pa
 
 
 def calibrate_zero2(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
-                    repeats: int = 2) -> ProfileSet:
+                    repeats: int = REPEATS) -> ProfileSet:
     """Run the uniform ZeRO-2 step (FSDP2 keeping gathered parameters from forward to backward) on the
     whole cluster once and record what its simulation misses beyond the data-parallel term: on CPU
     ranks its per-block collectives cost about what ZeRO-3's do (vit@tiny@32 on the default cluster:
@@ -273,7 +280,7 @@ def calibrate_zero2(cluster: Cluster, workload, profiles: ProfileSet, root: Path
 
 
 def calibrate_zero1(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
-                    repeats: int = 2) -> ProfileSet:
+                    repeats: int = REPEATS) -> ProfileSet:
     """Run the uniform ZeRO-1 step (DDP + ZeroRedundancyOptimizer) on the whole cluster once and record
     what its simulation misses beyond the data-parallel term: ZeroRedundancyOptimizer broadcasts each
     owner's parameters one tensor at a time (bert@tiny@64: predicted 15-19 % fast without it)."""
@@ -284,7 +291,7 @@ def calibrate_zero1(cluster: Cluster, workload, profiles: ProfileSet, root: Path
 
 
 def _calibrate_uniform(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say, strat, field: str,
-                       what: str, fallback: str, zero_stage: int | None = None, repeats: int = 2) -> ProfileSet:
+                       what: str, fallback: str, zero_stage: int | None = None, repeats: int = REPEATS) -> ProfileSet:
     """One real run of `strat`'s baseline (at `zero_stage` when given) on the whole cluster; its measured
     minus simulated step is stored in each model profile's `field` under the cluster's group key (once
     per group)."""
@@ -361,7 +368,7 @@ def calibration_pipeline_plans(cost, global_batch: int, min_micro: int) -> list:
 
 
 def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
-                       global_batch: int, repeats: int = 2) -> ProfileSet:
+                       global_batch: int, repeats: int = REPEATS) -> ProfileSet:
     """Run two short real pipelines on the whole cluster (each twice, a third time when the two disagree:
     `robust_step_s`) and record the per-compute-action residual
     (a + b * micro-batch, like `calibrate_residual` per data-parallel micro-step) that makes their
@@ -412,7 +419,7 @@ TP_FIELDS = {"tp_dtensor_collective_s": True, "tp_collective_s": False}
 
 
 def calibrate_tp(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say, global_batch: int,
-                 delta: float = 1e-3, repeats: int = 2) -> ProfileSet:
+                 delta: float = 1e-3, repeats: int = REPEATS) -> ProfileSet:
     """Short real tensor-parallel steps, one per kind of tensor group the search can form (transformer
     workloads): over the whole cluster as one group (2, 4 or 8 devices), DTensor's even shards and the
     solved per-rank slices; and, on 4 or 8 devices, each smaller group size: data-parallel replicas

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hetsim.names import REPEATS
+
 if TYPE_CHECKING:  # annotations only: the CLI imports this module for --help, before torch
     from hetsim.execution.runner import Launch
     from hetsim.execution.worker import Fault
@@ -31,7 +33,7 @@ class Options:
     top_k: int
     steps: int
     warmup: int
-    repeats: int = 2
+    repeats: int = REPEATS
     """Real runs of each shortlisted plan (a third when two disagree): `realruns.run_plan`."""
     timeout_s: float
     storage: str | None

@@ -17,6 +17,7 @@ from torch import nn
 
 from hetsim.profiling.hostspeed import HostProbe, at_ref, ref_of
 from hetsim.profiling.memcal import profile_memory
+from hetsim.profiling.saved import saved_storages, storage_ids
 from hetsim.profiling.store import BlockProfile, BlockTiming, DeviceProfile, ModelProfile
 from hetsim.types import Fit
 from hetsim.workloads.builtin import PROFILED_OPTIMIZERS, Workload, make_optimizer
@@ -124,20 +125,9 @@ def profile_device(kind: str, device: torch.device) -> DeviceProfile:
 
 
 def _saved_bytes(fn: Callable[[], torch.Tensor], exclude: set[int]) -> tuple[torch.Tensor, int]:
-    """Run fn and count the distinct storages autograd saved for backward (parameters excluded)."""
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor):
-        try:
-            st = t.untyped_storage()
-            ptr = st.data_ptr()
-            if ptr not in exclude and ptr not in seen:
-                seen[ptr] = st.nbytes()
-        except (RuntimeError, NotImplementedError):
-            pass
-        return t.detach()  # not t: a saved output would hold its own graph (a cycle gc cannot see)
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    """Run fn and count the distinct storages autograd saved for backward (`exclude`: the parameters'
+    `storage_ids`)."""
+    with saved_storages(exclude) as seen:
         out = fn()
     return out, sum(seen.values())
 
@@ -173,7 +163,7 @@ class _Measured:
     workload: Workload
     device: torch.device
     blocks: list[tuple[str, nn.Module]]
-    param_ptrs: set[int]
+    param_storages: set[int]
     probe: HostProbe | None
     """On a CPU every timing is taken beside a host-speed probe and kept at the profile's reference
     speed (hetsim.profiling.hostspeed): the host's slow and fast phases would otherwise bend the fits."""
@@ -237,7 +227,7 @@ def profile_model(
     blocks = list(model.named_children())
     m = _Measured(
         workload=workload, device=device, blocks=blocks,
-        param_ptrs={p.untyped_storage().data_ptr() for p in model.parameters()},
+        param_storages=storage_ids(model.parameters()),
         probe=HostProbe() if device.type == "cpu" else None,
         times={p: [{} for _ in blocks] for p in precisions}, acts={p: [[] for _ in blocks] for p in precisions},
         split_grads={p: [0.0] * len(blocks) for p in precisions},
@@ -306,7 +296,7 @@ def _measure_block(m: _Measured, k: int, h: torch.Tensor, y: torch.Tensor, prec:
     device = m.device
     inp = h.detach().requires_grad_(k > 0 and h.is_floating_point())
     with autocast(device, prec):
-        out, saved = _saved_bytes(lambda: blk(inp), m.param_ptrs)
+        out, saved = _saved_bytes(lambda: blk(inp), m.param_storages)
     if k == len(m.blocks) - 1:
         def make_loss():
             with autocast(device, prec):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from hetsim.execution.memtrack import measure_step
+from hetsim.profiling.saved import saved_storages, storage_ids
 from hetsim.profiling.store import MemoryCalibration
 from hetsim.types import Fit
 from hetsim.workloads.builtin import Workload
@@ -20,19 +21,7 @@ from hetsim.workloads.precision import autocast
 
 def _saved_bytes(model: torch.nn.Module, x: torch.Tensor, device: torch.device, precision: str) -> int:
     """Distinct storages the whole model saves for backward (parameters excluded)."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor):
-        try:
-            st = t.untyped_storage()
-            if st.data_ptr() not in params:
-                seen.setdefault(st.data_ptr(), st.nbytes())
-        except (RuntimeError, NotImplementedError):  # tensors without storage (sparse, meta)
-            pass
-        return t.detach()  # not t: a saved output would hold its own graph (a cycle gc cannot see)
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast(device, precision):
+    with saved_storages(storage_ids(model.parameters())) as seen, autocast(device, precision):
         out = model(x)
     del out
     return sum(seen.values())

@@ -19,6 +19,7 @@ import torch
 from hetsim.errors import ProfileMismatchError
 from hetsim.execution.runner import Launch, commbench
 from hetsim.hardware.cluster import Cluster, Device
+from hetsim.names import REPEATS
 from hetsim.profiling.measure import device_fingerprint, profile_device, profile_model
 from hetsim.profiling.store import (
     CommProfile,
@@ -52,7 +53,7 @@ class ProfileRequest:
     """torchrun settings of the collective benchmark (multi-node runs)."""
     strategies: tuple[str, ...] | None = None
     """The families the search will run: calibration measures only their terms (None: every term)."""
-    repeats: int = 2
+    repeats: int = REPEATS
     """Real runs of each calibration plan (the search's --repeats; with two, a third when they disagree)."""
 
 

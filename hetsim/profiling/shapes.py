@@ -19,6 +19,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 from hetsim.model.roofline import BlockShapes, ModelShapes, OpCost
+from hetsim.profiling.saved import saved_storages, storage_ids
 from hetsim.workloads.builtin import Workload
 
 aten = torch.ops.aten
@@ -89,37 +90,19 @@ class _FusedAttention(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _saved(fn):
-    """Run fn, counting the distinct storages autograd saves (parameters included: the caller
-    subtracts them).  Meta tensors have no address: a storage is known by its implementation."""
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor):
-        try:
-            st = t.untyped_storage()
-            seen.setdefault(st._cdata, st.nbytes())
-        except (RuntimeError, NotImplementedError):
-            pass
-        return t.detach()  # not t: a saved output would hold its own graph (a cycle gc cannot see)
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return out, seen
-
-
 def _trace_at(model: torch.nn.Module, workload: Workload, batch: int):
     """Per block: (fwd ops, bwd ops, saved bytes, output bytes) at one batch on the meta device."""
     x, _ = workload.make_batch(batch, 0)
     h = torch.empty(x.shape, dtype=x.dtype, device="meta") if x.is_floating_point() else torch.zeros(
         x.shape, dtype=x.dtype, device="meta")
-    param_storages = {p.untyped_storage()._cdata for p in model.parameters()}
+    param_storages = storage_ids(model.parameters())
     rows = []
     for _, blk in model.named_children():
         inp = h.detach().requires_grad_(h.is_floating_point())
         rec_f = _Recorder()
-        with _FusedAttention(), rec_f:
-            out, seen = _saved(lambda blk=blk, inp=inp: blk(inp))
-        saved = sum(n for k, n in seen.items() if k not in param_storages)
+        with _FusedAttention(), rec_f, saved_storages(param_storages) as seen:
+            out = blk(inp)
+        saved = sum(seen.values())
         rec_b = _Recorder()
         with _FusedAttention(), rec_b:
             out.backward(torch.empty_like(out))
@@ -132,10 +115,9 @@ def _whole_saved(model: torch.nn.Module, x: torch.Tensor) -> float:
     """Distinct bytes the whole model saves for backward (parameters excluded) on the meta device."""
     h = torch.empty(x.shape, dtype=x.dtype, device="meta") if x.is_floating_point() else torch.zeros(
         x.shape, dtype=x.dtype, device="meta")
-    params = {p.untyped_storage()._cdata for p in model.parameters()}
-    with _FusedAttention():
-        _, seen = _saved(lambda: model(h))
-    return float(sum(n for k, n in seen.items() if k not in params))
+    with _FusedAttention(), saved_storages(storage_ids(model.parameters())) as seen:
+        model(h)
+    return float(sum(seen.values()))
 
 
 def _combine(a: list, b: list, ba: int, bb: int) -> tuple[OpCost, ...]:

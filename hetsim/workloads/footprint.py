@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from hetsim.errors import ConfigError
+from hetsim.profiling.saved import saved_storages, storage_ids
 from hetsim.workloads.builtin import Workload
 
 _TRACE_BATCH = 2  # BatchNorm needs two samples per channel in training mode
@@ -41,16 +42,8 @@ def _traced_saved_bytes(workload: Workload, x: torch.Tensor, y: torch.Tensor) ->
     try:
         with torch.device("meta"):
             blocks = workload.build_blocks()
-        params = {p.untyped_storage()._cdata for _, b in blocks for p in b.parameters()}
-        seen: dict[int, int] = {}
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            st = t.untyped_storage()
-            if st._cdata not in params:  # a storage's identity: meta tensors have no data pointer
-                seen[st._cdata] = st.nbytes()
-            return t.detach()  # not t: a saved output would hold its own graph (a cycle gc cannot see)
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        params = storage_ids(p for _, b in blocks for p in b.parameters())
+        with saved_storages(params) as seen:
             h = x.to("meta")
             for _, block in blocks:
                 h = block.train()(h)

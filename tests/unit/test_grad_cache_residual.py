@@ -19,7 +19,7 @@ from hetsim.profiling.store import ModelProfile, ProfileSet, load, model_profile
 from hetsim.testing import synthetic_comm
 from hetsim.types import Fit, Measurement
 
-PER_CHUNK = {8: 0.09, 32: 0.15}
+PER_CHUNK = {8: 0.09, 16: 0.12}
 """Seconds a real chunk of this size takes beyond its blocks' isolated timings (both passes)."""
 
 
@@ -49,16 +49,17 @@ def _fake_measure(prof, dev, calls: list):
 
 
 def test_calibrated_grad_cache_steps_predict_as_measured(gn_profile, monkeypatch):
-    """Two real single-device steps of 64 samples, in 8 and 2 chunks; their own plans then predict the
+    """Two real single-device steps of 64 and 128 samples in 8 chunks; their own plans then predict the
     measured step exactly, and a half-speed device pays twice the residual per chunk."""
     _, prof, dev = gn_profile
     calls: list = []
     monkeypatch.setattr(calibrate, "measure", _fake_measure(prof, dev, calls))
     one = parse_cluster("emu:1.0@4G").devices[0]
-    after = calibrate.calibrate_grad_cache(one, _workload(), prof, dev, 64, lambda m: None, repeats=1)
-    assert [p.grad_cache_chunks for p in calls] == [8, 2]
+    after = calibrate.calibrate_grad_cache(one, _workload(), prof, dev, [64, 128], lambda m: None, repeats=1)
+    assert [(p.local_batch, p.grad_cache_chunks) for p in calls] == [((64,), 8), ((128,), 8)]
     gc = after.grad_cache_residual_s
-    assert gc(8) == pytest.approx(PER_CHUNK[8]) and gc(32) == pytest.approx(PER_CHUNK[32])
+    assert gc(8) == pytest.approx(PER_CHUNK[8]) and gc(16) == pytest.approx(PER_CHUNK[16])
+    assert gc(20) == pytest.approx(0.135)  # a fast device's larger chunks: along the line
 
     cost = _cost(after, dev, "emu:1.0@4G")
     for plan in calls:
@@ -104,7 +105,7 @@ def test_devices_calibrate_the_grad_cache_once_for_coupled_losses(gn_profile, tm
     got = profiles.models["emu-cpu"].grad_cache_residual_s
     assert (got is not None) == coupled and len(calls) == (2 if coupled else 0)
     if coupled:
-        assert [p.local_batch for p in calls] == [(64,), (64,)]  # a quarter of a uniform share
+        assert [p.local_batch for p in calls] == [(64,), (128,)]  # half a uniform share and a whole one
         saved = load(ModelProfile, model_profile_path(tmp_path, "emu-cpu", wl.spec))
         assert saved.grad_cache_residual_s == got
     calls.clear()

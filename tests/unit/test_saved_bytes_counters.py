@@ -1,6 +1,7 @@
 """The saved-tensor counters of profiling free what they counted.
 
-Each counts the storages autograd saves through `saved_tensors_hooks`.  An identity pack hook keeps
+Each counts the storages autograd saves through one `saved_tensors_hooks` context
+(`hetsim.profiling.saved.saved_storages`).  An identity pack hook keeps
 a saved output together with its own graph (output -> grad_fn -> saved output), a cycle through
 C++ that Python's collector cannot see: every counted forward whose graph was dropped without a
 backward stayed in memory.  Profiling simclr@96 (global batch 256) grew to 24 GB that way and was
@@ -15,7 +16,8 @@ import weakref
 import pytest
 import torch
 
-from hetsim.profiling import measure, memcal, shapes
+from hetsim.profiling import measure, memcal
+from hetsim.profiling.saved import saved_storages, storage_ids
 
 
 def _graph_with_saved_output(x: torch.Tensor) -> torch.Tensor:
@@ -50,10 +52,13 @@ def test_whole_model_counter_frees_the_counted_graph(monkeypatch):
 
 
 @pytest.mark.parametrize("device", ["cpu", "meta"])
-def test_shape_tracer_counter_frees_the_counted_graph(device):
+def test_shared_counter_frees_the_counted_graph(device):
+    """The counter of the meta shape tracer and the workload footprint too (meta tensors have no
+    data pointer: storages are known by their implementation)."""
     x = torch.randn(8, 8, device=device, requires_grad=True)
-    out, seen = shapes._saved(lambda: _graph_with_saved_output(x))
-    assert seen
+    with saved_storages() as seen:
+        out = _graph_with_saved_output(x)
+    assert list(seen.values()) == [8 * 8 * 4]
     ref = weakref.ref(out)
     del out
     gc.collect()
@@ -70,3 +75,14 @@ def test_identity_pack_hook_would_keep_it():
     del out
     gc.collect()
     assert ref() is not None
+
+
+def test_shared_counter_counts_a_storage_once_and_skips_excluded_ones():
+    w = torch.randn(16, 16, requires_grad=True)
+    x = torch.randn(4, 16, requires_grad=True)
+    with saved_storages(storage_ids([w])) as seen:
+        h = x @ w  # saves x and w (w excluded)
+        y = torch.sin(h[:2]).sum() + torch.sin(h[2:]).sum()  # sin saves two views of h's one storage
+    assert seen == {next(iter(storage_ids([x]))): 4 * 16 * 4, next(iter(storage_ids([h]))): 4 * 16 * 4}
+    y.backward()
+    assert w.grad is not None and x.grad is not None

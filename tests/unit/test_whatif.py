@@ -67,6 +67,7 @@ def test_meta_trace_matches_a_real_cpu_step():
     from torch.utils.flop_counter import FlopCounterMode
 
     from hetsim.profiling.measure import _saved_bytes
+    from hetsim.profiling.saved import storage_ids
     from hetsim.profiling.shapes import trace
     from hetsim.workloads.builtin import load_workload
 
@@ -74,7 +75,7 @@ def test_meta_trace_matches_a_real_cpu_step():
     shapes = trace(wl)
     model = wl.model()
     x, _ = wl.make_batch(3, 0)
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    params = storage_ids(model.parameters())
     h = x
     for (_, blk), b in zip(model.named_children(), shapes.blocks, strict=True):
         inp = h.detach().requires_grad_(True)
