@@ -199,20 +199,32 @@ def calibrate_residual(device, workload, prof: ModelProfile, dev_prof: DevicePro
     one = _one_device(device)
     cost = CostModel(one, ProfileSet(models={prof.device_kind: prof}, devices={prof.device_kind: dev_prof}),
                      workload.optimizer)
-    xs, ys = [], []
-    for b in sorted({sizes[len(sizes) // 2 - 1] if len(sizes) > 2 else sizes[0], sizes[-1]}):
-        plan = DDPPlan(devices=(0,), local_batch=(b,))
+    xs = [float(b) for b in sorted({sizes[len(sizes) // 2 - 1] if len(sizes) > 2 else sizes[0], sizes[-1]})]
+    ys, failed = _single_device_gaps(
+        [(DDPPlan(devices=(0,), local_batch=(int(b),)), f"real single-device step at batch {int(b)}") for b in xs],
+        one, cost, workload, prof, say, repeats)
+    if failed is not None:
+        say(f"calibration run failed ({failed}); keeping the uncalibrated block model")
+        return replace(prof, calib_failed={**prof.calib_failed, RESIDUAL: failed})
+    return replace(prof, calib_residual_s=Fit.least_squares(xs, ys, nonneg=False))
+
+
+def _single_device_gaps(plans: list[tuple[DDPPlan, str]], one: Cluster, cost: CostModel, workload,
+                        prof: ModelProfile, say: Say, repeats: int) -> tuple[list[float], str | None]:
+    """Each single-device plan's real step (`robust_step_s`, at the profiles' host speed) minus its
+    prediction under `cost`, in order, saying each `label`; stops at a failing run and returns its
+    status as well (None when all ran)."""
+    gaps = []
+    for plan, label in plans:
         pred = DDP().predict(plan, cost)[0].step_time_s
-        say(f"calibrating {prof.device_kind}: real single-device step at batch {b}")
+        say(f"calibrating {prof.device_kind}: {label}")
         # One local device: never a multi-node rendezvous.
         m, real = robust_step_s(plan, cluster=one, workload=workload, ref_probe_s=prof.probe_s, steps=10, say=say,
                                 repeats=repeats)
         if real is None:
-            say(f"calibration run failed ({m.status}); keeping the uncalibrated block model")
-            return replace(prof, calib_failed={**prof.calib_failed, RESIDUAL: m.status})
-        xs.append(float(b))
-        ys.append(real - pred)
-    return replace(prof, calib_residual_s=Fit.least_squares(xs, ys, nonneg=False))
+            return gaps, m.status
+        gaps.append(real - pred)
+    return gaps, None
 
 
 def calibrate_grad_cache(device, workload, prof: ModelProfile, dev_prof: DeviceProfile, locals_: list[int],
@@ -228,19 +240,16 @@ def calibrate_grad_cache(device, workload, prof: ModelProfile, dev_prof: DeviceP
     cost = CostModel(one, ProfileSet(models={prof.device_kind: bare}, devices={prof.device_kind: dev_prof}),
                      workload.optimizer, has_batchnorm=workload.has_batchnorm, batch_coupled=True,
                      logits_per_sample_sq=workload.logits_per_sample_sq)
-    xs, ys = [], []
     chunks = max(GRAD_CACHE_CHOICES)
-    for local in locals_:
-        plan = DDPPlan(devices=(0,), local_batch=(local,), grad_cache_chunks=chunks)
-        pred = DDP().predict(plan, cost)[0].step_time_s
-        say(f"calibrating {prof.device_kind}: real single-device gradient-cache step, {local} samples in {chunks} chunks")
-        m, real = robust_step_s(plan, cluster=one, workload=workload, ref_probe_s=prof.probe_s, steps=10, say=say,
-                                repeats=repeats)
-        if real is None:
-            say(f"calibration run failed ({m.status}); gradient-cache chunks keep a plain micro-step's residual")
-            return replace(prof, calib_failed={**prof.calib_failed, GC_RESIDUAL: m.status})
-        xs.append(local / chunks)
-        ys.append((real - pred) / chunks)
+    gaps, failed = _single_device_gaps(
+        [(DDPPlan(devices=(0,), local_batch=(local,), grad_cache_chunks=chunks),
+          f"real single-device gradient-cache step, {local} samples in {chunks} chunks") for local in locals_],
+        one, cost, workload, prof, say, repeats)
+    if failed is not None:
+        say(f"calibration run failed ({failed}); gradient-cache chunks keep a plain micro-step's residual")
+        return replace(prof, calib_failed={**prof.calib_failed, GC_RESIDUAL: failed})
+    xs = [local / chunks for local in locals_]
+    ys = [gap / chunks for gap in gaps]
     line = Fit.least_squares(xs, ys, nonneg=False)
     return replace(prof, grad_cache_residual_s=replace(line, knots=tuple(sorted(zip(xs, ys)))) if len(xs) > 1
                    else line)

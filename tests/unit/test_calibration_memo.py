@@ -157,3 +157,33 @@ def test_calibration_measures_the_terms_of_the_families_searched(make_cost, gn_p
     req = ProfileRequest(root=tmp_path, global_batch=16, precisions=("fp32",), strategies=strategies)
     calibrate.calibrate(cost.cluster, gn_profile[0], cost.profiles, req, say=lambda m: None)
     assert called == terms
+
+
+def test_single_device_residual_is_the_line_through_measured_minus_predicted(gn_profile, monkeypatch):
+    """Two real single-device steps (the middle and the largest profiled size); the residual per
+    micro-step is the line through their gaps; a failing run is remembered with its status."""
+    from dataclasses import replace
+
+    from hetsim.hardware.cluster import parse_cluster
+    from hetsim.model.costmodel import CostModel
+    from hetsim.profiling.store import ProfileSet
+
+    wl, prof, dev = gn_profile
+    prof = replace(prof, calib_residual_s=None)
+    one = CostModel(parse_cluster("emu:1.0@4G"), ProfileSet(models={"emu-cpu": prof}, devices={"emu-cpu": dev}),
+                    wl.optimizer)
+    ran = []
+
+    def fake_measure(plan, **k):
+        ran.append(plan.local_batch[0])
+        pred = calibrate.DDP().predict(plan, one)[0].step_time_s
+        return Measurement(status="ok", step_time_s=pred + 0.1 + 0.002 * plan.local_batch[0])
+
+    monkeypatch.setattr(calibrate, "measure", fake_measure)
+    device = parse_cluster("emu:1.0@4G").devices[0]
+    after = calibrate.calibrate_residual(device, wl, prof, dev, (2, 8, 16, 31), lambda m: None, repeats=1)
+    assert ran == [8, 31]
+    assert after.calib_residual_s.intercept == pytest.approx(0.1) and after.calib_residual_s.slope == pytest.approx(0.002)
+    monkeypatch.setattr(calibrate, "measure", lambda *a, **k: Measurement(status="oom"))
+    failed = calibrate.calibrate_residual(device, wl, prof, dev, (2, 8, 16, 31), lambda m: None, repeats=1)
+    assert failed.calib_residual_s is None and failed.calib_failed[calibrate.RESIDUAL] == "oom"
