@@ -1,7 +1,7 @@
 """What every benchmark shares: the workload, the machine's default emulated cluster, its profiles.
 
 The profiles are recorded anew at the start of every bench run, with the main job's two steps
-(profiles, then calibration: hetsim.search.calibrate.obtain_profiles) under results/local/bench/:
+(profiles, then calibration: hetsim.search.profiles.obtain_profiles) under results/local/bench/:
 the figures are what a user with a fresh recording gets.  The committed recording in
 results/profiles/ is never rewritten; the regression tests and the simulation-only benchmarks
 (search and simulator speed) replay it.
@@ -37,7 +37,7 @@ def cluster():
 
 @pytest.fixture(scope="session")
 def profiles(cluster, workload):
-    from hetsim.search.calibrate import obtain_profiles
+    from hetsim.search.profiles import obtain_profiles
 
     shutil.rmtree(LOCAL / "profiles", ignore_errors=True)  # a fresh recording every run
     return obtain_profiles(cluster, workload, root=LOCAL, global_batch=GLOBAL_BATCH, precisions=PRECISIONS)

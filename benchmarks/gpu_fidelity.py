@@ -21,7 +21,7 @@ from pathlib import Path
 
 from fidelity_suite import suite_plans
 from hetsim.search import golden
-from hetsim.search.calibrate import obtain_profiles
+from hetsim.search.profiles import obtain_profiles
 from hetsim.strategies.base import SearchContext
 from test_fidelity import _record
 

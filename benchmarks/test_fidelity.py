@@ -141,7 +141,7 @@ def test_recording_repeatability(ctx, cost, cluster, workload, profiles):
     host speed (each recording's times are at its own probe's, hetsim.profiling.hostspeed).  Written
     to results/local/bench/repeatability.json; runs before the fidelity suite (file order), so the two
     recordings are back to back."""
-    from hetsim.search.calibrate import obtain_profiles
+    from hetsim.search.profiles import obtain_profiles
 
     from hetsim.model.costmodel import CostModel
 

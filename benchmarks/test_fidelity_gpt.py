@@ -31,7 +31,7 @@ GPT_PLANS = 10
 
 @pytest.fixture(scope="module")
 def gpt_setup(cluster):
-    from hetsim.search.calibrate import obtain_profiles
+    from hetsim.search.profiles import obtain_profiles
     from hetsim.strategies.base import SearchContext
 
     from hetsim.model.costmodel import CostModel

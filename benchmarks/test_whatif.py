@@ -37,7 +37,7 @@ def test_whatif_accuracy(benchmark):
 def test_catalog_profiles_seconds(benchmark):
     """A catalog question in fp16 at 224 px: trace and roofline profiles (the part that used to profile
     the whole model on the CPU for 13+ minutes)."""
-    from hetsim.search.calibrate import catalog_profiles
+    from hetsim.search.profiles import catalog_profiles
 
     from hetsim.hardware.cluster import parse_cluster
     from hetsim.workloads.builtin import load_workload

@@ -5,7 +5,8 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable
 
-from hetsim.search.calibrate import calibrate, profiles_step
+from hetsim.search.calibrate import calibrate
+from hetsim.search.profiles import profiles_step
 from hetsim.strategies.base import SearchContext
 from rich.console import Console
 from rich.markup import escape
