@@ -29,7 +29,6 @@ from hetsim.strategies.pipeline import Pipeline
 from hetsim.strategies.zero import ZeRO
 
 from hetsim.errors import InfeasiblePlanError
-from hetsim.execution.pool import pooled_runs
 from hetsim.execution.runner import measure
 from hetsim.hardware.cluster import Cluster
 from hetsim.model.costmodel import CostModel
@@ -80,23 +79,22 @@ def calibrate(cluster: Cluster, workload, profiles: ProfileSet, req: ProfileRequ
     """Every calibration term the profiles lack for this cluster, measured by real runs and saved
     into the model profiles under `req.root`/profiles/; terms already recorded are reused."""
     t0 = time.perf_counter()
-    with pooled_runs():  # one torchrun for a row of runs of one world size: `hetsim.execution.pool`
-        profiles = calibrate_devices(cluster, workload, profiles, req, say)
-        def searched(*families: str) -> bool:
-            return req.strategies is None or any(f in req.strategies for f in families)
+    profiles = calibrate_devices(cluster, workload, profiles, req, say)
+    def searched(*families: str) -> bool:
+        return req.strategies is None or any(f in req.strategies for f in families)
 
-        if cluster.links is None and len(cluster.devices) > 1 and all(d.backend != "catalog" for d in cluster.devices):
-            # The uniform data-parallel baseline always runs; the other terms only for the families searched.
-            r = req.repeats
-            profiles = calibrate_sync(cluster, workload, profiles, req.root, say, repeats=r)
-            if searched("zero"):
-                profiles = calibrate_sharded(cluster, workload, profiles, req.root, say, repeats=r)
-                profiles = calibrate_zero2(cluster, workload, profiles, req.root, say, repeats=r)
-                profiles = calibrate_zero1(cluster, workload, profiles, req.root, say, repeats=r)
-            if searched("pipeline", "hybrid"):
-                profiles = calibrate_pipeline(cluster, workload, profiles, req.root, say, req.global_batch, repeats=r)
-            if searched("tp"):
-                profiles = calibrate_tp(cluster, workload, profiles, req.root, say, req.global_batch, repeats=r)
+    if cluster.links is None and len(cluster.devices) > 1 and all(d.backend != "catalog" for d in cluster.devices):
+        # The uniform data-parallel baseline always runs; the other terms only for the families searched.
+        r = req.repeats
+        profiles = calibrate_sync(cluster, workload, profiles, req.root, say, repeats=r)
+        if searched("zero"):
+            profiles = calibrate_sharded(cluster, workload, profiles, req.root, say, repeats=r)
+            profiles = calibrate_zero2(cluster, workload, profiles, req.root, say, repeats=r)
+            profiles = calibrate_zero1(cluster, workload, profiles, req.root, say, repeats=r)
+        if searched("pipeline", "hybrid"):
+            profiles = calibrate_pipeline(cluster, workload, profiles, req.root, say, req.global_batch, repeats=r)
+        if searched("tp"):
+            profiles = calibrate_tp(cluster, workload, profiles, req.root, say, req.global_batch, repeats=r)
     say(f"calibration ready in {time.perf_counter() - t0:.0f} s")
     return profiles
 

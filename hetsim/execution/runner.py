@@ -69,22 +69,26 @@ def _project_root() -> str:
 
 
 def launch(job: Job, nproc: int, timeout_s: float, launch_cfg: Launch | None = None) -> tuple[list[RankResult], str, bool]:
-    """Run the job on nproc ranks; returns (rank results, output tail, timed_out).  Inside
-    `hetsim.execution.pool.pooled_runs`, a one-machine job runs in that pool's running torchrun."""
-    from hetsim.execution.pool import active_pool
-
-    pool = active_pool()
-    if pool is not None and launch_cfg is None:
-        return pool.launch(job, nproc, timeout_s)
+    """Run the job on nproc ranks; returns (rank results, output tail, timed_out)."""
     cfg = launch_cfg or Launch()
-    out_dir = prepare_out_dir(job)
+    out_dir = Path(job.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for f in out_dir.glob("rank*.json"):
+        f.unlink()
     job_file = out_dir / "job.json"
     dump_json(job, job_file)
+    cmd = [sys.executable, "-m", "hetsim.execution.launcher", *cfg.args(nproc), "-m", WORKER_MODULE, str(job_file)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = _project_root() + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    if cfg.local:
+        _loopback_only(env)
     log_path = out_dir / "torchrun.log"
     timed_out = False
     cut = None  # on a timeout: the log's size when the time ran out
     with open(log_path, "wb") as log:
-        proc = start_torchrun(nproc, cfg, [str(job_file)], log)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -93,34 +97,6 @@ def launch(job: Job, nproc: int, timeout_s: float, launch_cfg: Launch | None = N
             cut = log_path.stat().st_size
         finally:  # also on Ctrl-C: nothing of this run outlives it
             stop_run(proc, str(job_file))
-    text = log_path.read_bytes()[:cut].decode(errors="replace") if log_path.exists() else ""
-    return read_rank_results(out_dir, nproc), text[-4000:], timed_out
-
-
-def prepare_out_dir(job: Job) -> Path:
-    """The job's folder, created, without the rank files of an earlier run."""
-    out_dir = Path(job.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for f in out_dir.glob("rank*.json"):
-        f.unlink()
-    return out_dir
-
-
-def start_torchrun(nproc: int, cfg: Launch, worker_args: list[str], log) -> subprocess.Popen:
-    """torchrun (hetsim's launcher) starting WORKER_MODULE with `worker_args` on nproc ranks, in a session
-    of its own, its output into `log`."""
-    cmd = [sys.executable, "-m", "hetsim.execution.launcher", *cfg.args(nproc), "-m", WORKER_MODULE, *worker_args]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = _project_root() + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env["PYTHONUNBUFFERED"] = "1"
-    if cfg.local:
-        _loopback_only(env)
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-
-def read_rank_results(out_dir: Path, nproc: int) -> list[RankResult]:
-    """The rank files the ranks wrote; a rank without a readable one has no result."""
     results = []
     for r in range(nproc):
         f = out_dir / f"rank{r}.json"
@@ -129,7 +105,9 @@ def read_rank_results(out_dir: Path, nproc: int) -> list[RankResult]:
                 results.append(from_dict(RankResult, json.loads(f.read_text())))
             except (json.JSONDecodeError, KeyError, TypeError, ValueError):
                 pass  # a rank killed while writing: treated as a rank without a result
-    return results
+    text = log_path.read_bytes()[:cut].decode(errors="replace") if log_path.exists() else ""
+    tail = text[-4000:]
+    return results, tail, timed_out
 
 
 def _loopback_only(env: dict[str, str]) -> None:

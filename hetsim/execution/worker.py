@@ -9,7 +9,6 @@ all work is done).  The core never imports a strategy: the executor comes in as 
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import os
@@ -135,8 +134,7 @@ def run_job(job: Job, build_executor: BuildExecutor) -> RankResult:
     dev = job.devices[rank]
     device = _device_for(dev, local_rank)
     backend = "nccl" if device.type == "cuda" and all(d.get("backend") == "cuda" for d in job.devices) else "gloo"
-    if not dist.is_initialized():  # a pool's rank runs several jobs in one process group (`serve`)
-        dist.init_process_group(backend=backend)
+    dist.init_process_group(backend=backend)
     if job.task == "commbench":
         return RankResult(rank=rank, status="ok", extra=run_commbench(device))
 
@@ -276,51 +274,18 @@ def classify(exc: BaseException) -> str:
 
 
 def main(argv: list[str], build_executor: BuildExecutor) -> int:
-    """Run the job file argv[0] on this rank with `build_executor`; write rank{R}.json; exit.  With
-    `--serve FOLDER`, run a pool's jobs instead (`serve`)."""
+    """Run the job file argv[0] on this rank with `build_executor`; write rank{R}.json; exit."""
     die_with_parent(signal.SIGKILL)  # a worker whose torchrun is gone has no one to report to
-    if argv[0] == "--serve":
-        return serve(Path(argv[1]), build_executor)
     job = from_dict(Job, json.loads(Path(argv[0]).read_text()))
-    _exit(_run_and_report(job, build_executor))
-
-
-def serve(folder: Path, build_executor: BuildExecutor, poll_s: float = 0.01) -> int:
-    """Run the jobs a pool (`hetsim.execution.pool`) writes into `folder` as job-0.json, job-1.json, ...
-    one after another in this process and process group, each reported in its own rank file as
-    `main` does, until the pool writes `folder/stop`; at the first job that does not end ok, exit as
-    `main` does (the pool then starts afresh).  What a pool saves is torchrun's and the ranks' start:
-    about 9 s a run on two CPU cores, against steps of 0.1-1 s."""
-    import gc
-
-    for i in itertools.count():
-        f = folder / f"job-{i}.json"
-        while not f.exists():
-            if (folder / "stop").exists():
-                _exit(RankResult(rank=int(os.environ.get("RANK", "0")), status="ok"))
-            time.sleep(poll_s)
-        res = _run_and_report(from_dict(Job, json.loads(f.read_text())), build_executor)
-        if res.status != "ok":
-            _exit(res)
-        gc.collect()  # the last job's model and optimizer go before the next one is built
-    return 0
-
-
-def _run_and_report(job: Job, build_executor: BuildExecutor) -> RankResult:
-    """Run `job` on this rank and write its rank{R}.json: failures as data, never an exception."""
     rank = int(os.environ.get("RANK", "0"))
+    out = Path(job.out_dir) / f"rank{rank}.json"
     try:
         res = run_job(job, build_executor)
     except BaseException as e:  # every failure is reported as data, then the rank exits non-zero
         tail = "".join(traceback.format_exception(type(e), e, e.__traceback__))[-2000:]
         res = RankResult(rank=rank, status=classify(e), error=f"{type(e).__name__}: {e}\n{tail}",
                          failed_at_s=time.time())
-    dump_json(res, Path(job.out_dir) / f"rank{rank}.json")
-    return res
-
-
-def _exit(res: RankResult) -> None:
-    """End this rank after its result is written: non-zero when it failed."""
+    dump_json(res, out)
     sys.stdout.flush()
     sys.stderr.flush()
     code = 0 if res.status == "ok" else 3
@@ -346,4 +311,4 @@ def summarize_steps(results: list[RankResult], ref_probe_s: float = 0.0) -> tupl
     return (max(meds) if meds else float("nan")), meds
 
 
-__all__ = ["BuildExecutor", "Fault", "Job", "RankEnv", "RankResult", "main", "run_job", "serve", "summarize_steps", "to_dict"]
+__all__ = ["BuildExecutor", "Fault", "Job", "RankEnv", "RankResult", "main", "run_job", "summarize_steps", "to_dict"]
