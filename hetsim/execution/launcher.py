@@ -18,6 +18,7 @@ Everything else is torchrun's own `main()`.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -75,6 +76,12 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.run import main as torchrun_main
 
     torchrun_main(sys.argv[1:] if argv is None else argv)
+    # Every worker has ended and torchrun has reported: skip the interpreter's teardown of torch
+    # (about 1 s of a run's start-to-end on two CPU cores).  A failure raised above exits as before.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

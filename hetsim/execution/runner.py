@@ -77,7 +77,9 @@ def launch(job: Job, nproc: int, timeout_s: float, launch_cfg: Launch | None = N
         f.unlink()
     job_file = out_dir / "job.json"
     dump_json(job, job_file)
-    cmd = [sys.executable, "-m", "hetsim.execution.launcher", *cfg.args(nproc), "-m", WORKER_MODULE, str(job_file)]
+    # torchrun's own (empty) log folders go into the run's folder, not one more /tmp/torchelastic_* a run.
+    cmd = [sys.executable, "-m", "hetsim.execution.launcher", *cfg.args(nproc), "--log-dir", str(out_dir / "torchelastic"),
+           "-m", WORKER_MODULE, str(job_file)]
     env = dict(os.environ)
     env["PYTHONPATH"] = _project_root() + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("OMP_NUM_THREADS", "1")
