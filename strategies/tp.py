@@ -28,7 +28,6 @@ from hetsim.types import MemoryBreakdown
 
 from . import register
 from ._dp_closed import buckets
-from ._tp_run import TPExecutor
 from ._tp_shards import (
     HIDDEN_GRANULE,
     REPLICATED_SHARE,
@@ -369,4 +368,7 @@ class TP(Strategy):
         return tp_memory(plan, cost)
 
     def executor(self, plan: TPPlan, ctx: WorkerContext):
+        # DTensor's import (~1 s a rank) only where a tensor-parallel plan runs.
+        from ._tp_run import TPExecutor
+
         return TPExecutor(plan, ctx)
