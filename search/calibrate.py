@@ -30,6 +30,7 @@ from hetsim.strategies.zero import ZeRO
 
 from hetsim.errors import InfeasiblePlanError
 from hetsim.execution.runner import measure
+from hetsim.execution.warm import warm_launches
 from hetsim.hardware.cluster import Cluster
 from hetsim.model.costmodel import CostModel
 from hetsim.names import REPEATS, min_samples_per_micro_batch
@@ -79,7 +80,15 @@ def calibrate(cluster: Cluster, workload, profiles: ProfileSet, req: ProfileRequ
     """Every calibration term the profiles lack for this cluster, measured by real runs and saved
     into the model profiles under `req.root`/profiles/; terms already recorded are reused."""
     t0 = time.perf_counter()
+    with warm_launches():  # every run's ranks forked fresh from one warm torchrun agent (hetsim.execution.warm)
+        profiles = _calibrate_all(cluster, workload, profiles, req, say)
+    say(f"calibration ready in {time.perf_counter() - t0:.0f} s")
+    return profiles
+
+
+def _calibrate_all(cluster: Cluster, workload, profiles: ProfileSet, req: ProfileRequest, say: Say) -> ProfileSet:
     profiles = calibrate_devices(cluster, workload, profiles, req, say)
+
     def searched(*families: str) -> bool:
         return req.strategies is None or any(f in req.strategies for f in families)
 
@@ -95,7 +104,6 @@ def calibrate(cluster: Cluster, workload, profiles: ProfileSet, req: ProfileRequ
             profiles = calibrate_pipeline(cluster, workload, profiles, req.root, say, req.global_batch, repeats=r)
         if searched("tp"):
             profiles = calibrate_tp(cluster, workload, profiles, req.root, say, req.global_batch, repeats=r)
-    say(f"calibration ready in {time.perf_counter() - t0:.0f} s")
     return profiles
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hetsim.errors import HetsimError
+from hetsim.execution import warm
 from hetsim.execution.worker import Fault, Job, RankResult, summarize_steps
 from hetsim.hardware.cluster import Cluster
 from hetsim.profiling.hostspeed import ref_of
@@ -87,18 +88,13 @@ def launch(job: Job, nproc: int, timeout_s: float, launch_cfg: Launch | None = N
     if cfg.local:
         _loopback_only(env)
     log_path = out_dir / "torchrun.log"
-    timed_out = False
-    cut = None  # on a timeout: the log's size when the time ran out
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            log.flush()
-            cut = log_path.stat().st_size
-        finally:  # also on Ctrl-C: nothing of this run outlives it
-            stop_run(proc, str(job_file))
+    warm_launcher = warm.active()
+    if warm_launcher is not None and cfg.local:
+        # Inside `warm_launches()` (calibration): torchrun's agent in a warm server, fresh ranks forked from it.
+        timed_out = warm_launcher.run(job_file, nproc, log_path, timeout_s, env)
+        cut = log_path.stat().st_size if timed_out and log_path.exists() else None
+    else:
+        timed_out, cut = _torchrun(cmd, env, log_path, job_file, timeout_s)
     results = []
     for r in range(nproc):
         f = out_dir / f"rank{r}.json"
@@ -110,6 +106,21 @@ def launch(job: Job, nproc: int, timeout_s: float, launch_cfg: Launch | None = N
     text = log_path.read_bytes()[:cut].decode(errors="replace") if log_path.exists() else ""
     tail = text[-4000:]
     return results, tail, timed_out
+
+
+def _torchrun(cmd: list[str], env: dict[str, str], log_path: Path, job_file: Path,
+              timeout_s: float) -> tuple[bool, int | None]:
+    """Run the torchrun command, its output into log_path; (timed out, the log's size when the time ran out)."""
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout_s)
+            return False, None
+        except subprocess.TimeoutExpired:
+            log.flush()
+            return True, log_path.stat().st_size
+        finally:  # also on Ctrl-C: nothing of this run outlives it
+            stop_run(proc, str(job_file))
 
 
 def _loopback_only(env: dict[str, str]) -> None:
@@ -196,7 +207,12 @@ def measure(plan, *, cluster: Cluster, workload_spec: str, optimizer: str, steps
             timeout_s: float, seed: int = 0, out_dir: str | None = None, fault: Fault | None = None,
             launch_cfg: Launch | None = None) -> Measurement:
     """Run `plan` for real and measure it; failures come back as a status, never as an exception."""
-    out = out_dir or tempfile.mkdtemp(prefix="hetsim-run-")
+    if out_dir is None:  # the run's files only serve this measurement: gone once it is read
+        with tempfile.TemporaryDirectory(prefix="hetsim-run-") as tmp:
+            return measure(plan, cluster=cluster, workload_spec=workload_spec, optimizer=optimizer, steps=steps,
+                           warmup=warmup, timeout_s=timeout_s, seed=seed, out_dir=tmp, fault=fault,
+                           launch_cfg=launch_cfg)
+    out = out_dir
     job = Job(task="train", plan=to_dict(plan), workload=workload_spec, optimizer=optimizer,
               global_batch=plan.global_batch, devices=device_dicts(cluster, plan.devices),
               steps=steps, warmup=max(2, warmup), seed=seed, out_dir=str(out), fault=fault,
@@ -317,10 +333,9 @@ def commbench(cluster: Cluster, nproc: int, fingerprint: dict[str, str], timeout
               launch_cfg: Launch | None = None) -> CommProfile:
     """Measure all-reduce, all-gather and send/recv over a real group of nproc ranks."""
 
-    out = tempfile.mkdtemp(prefix="hetsim-comm-")
-    devs = tuple(range(nproc))
-    job = Job(task="commbench", devices=device_dicts(cluster, devs), out_dir=out)
-    results, tail, timed_out = launch(job, nproc, timeout_s, launch_cfg)
+    with tempfile.TemporaryDirectory(prefix="hetsim-comm-") as out:
+        job = Job(task="commbench", devices=device_dicts(cluster, tuple(range(nproc))), out_dir=out)
+        results, tail, timed_out = launch(job, nproc, timeout_s, launch_cfg)
     r0 = next((r for r in results if r.rank == 0 and r.status == "ok"), None)
     if r0 is None:
         raise HetsimError(f"collective benchmark on {nproc} ranks failed{' (timeout)' if timed_out else ''}:\n{tail[-1500:]}")

@@ -273,10 +273,11 @@ def classify(exc: BaseException) -> str:
     return "error"
 
 
-def main(argv: list[str], build_executor: BuildExecutor) -> int:
-    """Run the job file argv[0] on this rank with `build_executor`; write rank{R}.json; exit."""
-    die_with_parent(signal.SIGKILL)  # a worker whose torchrun is gone has no one to report to
-    job = from_dict(Job, json.loads(Path(argv[0]).read_text()))
+def run_rank(job_file: str, build_executor: BuildExecutor) -> int:
+    """Run the job file on this rank with `build_executor`, write rank{R}.json and leave the process
+    group; returns the rank's exit code (0 ok, 3 failed: the rank file says why)."""
+    die_with_parent(signal.SIGKILL)  # a worker whose launcher is gone has no one to report to
+    job = from_dict(Job, json.loads(Path(job_file).read_text()))
     rank = int(os.environ.get("RANK", "0"))
     out = Path(job.out_dir) / f"rank{rank}.json"
     try:
@@ -288,17 +289,22 @@ def main(argv: list[str], build_executor: BuildExecutor) -> int:
     dump_json(res, out)
     sys.stdout.flush()
     sys.stderr.flush()
-    code = 0 if res.status == "ok" else 3
-    if res.status == "ok":
-        try:
-            import torch.distributed as dist
+    if res.status != "ok":
+        return 3
+    try:
+        import torch.distributed as dist
 
-            if dist.is_initialized():
-                dist.barrier()
-                dist.destroy_process_group()
-        except Exception:  # results are written; teardown problems do not change them
-            pass
-    os._exit(code)  # skip interpreter teardown: gloo can abort there after all work is done
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+    except Exception:  # results are written; teardown problems do not change them
+        pass
+    return 0
+
+
+def main(argv: list[str], build_executor: BuildExecutor) -> int:
+    """Run the job file argv[0] on this rank (`run_rank`) and exit with its code."""
+    os._exit(run_rank(argv[0], build_executor))  # skip interpreter teardown: gloo can abort there after all work is done
 
 
 def summarize_steps(results: list[RankResult], ref_probe_s: float = 0.0) -> tuple[float, tuple[float, ...]]:
@@ -311,4 +317,4 @@ def summarize_steps(results: list[RankResult], ref_probe_s: float = 0.0) -> tupl
     return (max(meds) if meds else float("nan")), meds
 
 
-__all__ = ["BuildExecutor", "Fault", "Job", "RankEnv", "RankResult", "main", "run_job", "summarize_steps", "to_dict"]
+__all__ = ["BuildExecutor", "Fault", "Job", "RankEnv", "RankResult", "main", "run_job", "run_rank", "summarize_steps", "to_dict"]
