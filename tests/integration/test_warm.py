@@ -7,6 +7,7 @@ Two emulated ranks on the MLP; the fresh launch is a real torchrun command (abou
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -48,7 +49,9 @@ def test_a_warm_job_gives_a_fresh_launchs_losses_and_memory(tmp_path):
         assert [r.status for r in results] == ["ok", "ok"]
         for a, b in zip(sorted(fresh, key=lambda r: r.rank), sorted(results, key=lambda r: r.rank)):
             assert a.losses == b.losses
-            assert a.memory == b.memory
+            # Memory by category, to a few bytes (two fresh launches' activations differed by 4 bytes).
+            for k, v in dataclasses.asdict(a.memory).items():
+                assert abs(getattr(b.memory, k) - v) <= 64, (k, v, getattr(b.memory, k))
     assert (tmp_path / "warm1" / "torchrun.log").exists()
 
 
