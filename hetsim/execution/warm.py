@@ -9,7 +9,7 @@ torch, torch._dynamo and the rank module once.  For every job the server calls
 agent, c10d rendezvous, failure summary) with `start_method="fork"`, so each rank is a new process
 forked from a parent that has never run a step nor joined a process group.  Ranks are never
 reused: a process reused for a second job measured its steps 3-5 % faster than a fresh launch
-(README, "Launch costs"), forked ranks measured the same as fresh ones.
+(README, "Launch costs"); forked ranks measured within about 3 % of fresh ones, either side.
 
 One difference in what a failure reads like: the fork agent's failure summary lists the first failed
 rank it polls, not every one with its exit code, so a rank killed by a signal may read "ended before it
