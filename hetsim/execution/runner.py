@@ -79,8 +79,8 @@ def launch(job: Job, nproc: int, timeout_s: float, launch_cfg: Launch | None = N
     job_file = out_dir / "job.json"
     dump_json(job, job_file)
     # torchrun's own (empty) log folders go into the run's folder, not one more /tmp/torchelastic_* a run.
-    cmd = [sys.executable, "-m", "hetsim.execution.launcher", *cfg.args(nproc), "--log-dir", str(out_dir / "torchelastic"),
-           "-m", WORKER_MODULE, str(job_file)]
+    torchrun_args = [*cfg.args(nproc), "--log-dir", str(out_dir / "torchelastic")]
+    cmd = [sys.executable, "-m", "hetsim.execution.launcher", *torchrun_args, "-m", WORKER_MODULE, str(job_file)]
     env = dict(os.environ)
     env["PYTHONPATH"] = _project_root() + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -91,7 +91,7 @@ def launch(job: Job, nproc: int, timeout_s: float, launch_cfg: Launch | None = N
     warm_launcher = warm.active()
     if warm_launcher is not None and cfg.local:
         # Inside `warm_launches()` (calibration): torchrun's agent in a warm server, fresh ranks forked from it.
-        timed_out = warm_launcher.run(job_file, nproc, log_path, timeout_s, env)
+        timed_out = warm_launcher.run(job_file, torchrun_args, log_path, timeout_s, env)
         cut = log_path.stat().st_size if timed_out and log_path.exists() else None
     else:
         timed_out, cut = _torchrun(cmd, env, log_path, job_file, timeout_s)

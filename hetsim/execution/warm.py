@@ -31,7 +31,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,11 +56,13 @@ class WarmLauncher:
             self.env = env
         return self.proc
 
-    def run(self, job_file: Path, nproc: int, log_path: Path, timeout_s: float, env: dict[str, str]) -> bool:
-        """Run the job on nproc forked ranks (the server started with `env`, the ranks' environment), their
-        output into log_path; returns True on a timeout (the server and every rank of the job are then gone)."""
+    def run(self, job_file: Path, torchrun_args: list[str], log_path: Path, timeout_s: float,
+            env: dict[str, str]) -> bool:
+        """Run the job with the torchrun arguments the command would have (`Launch.args`, `--log-dir`), its
+        ranks forked (the server started with `env`, the ranks' environment), their output into log_path;
+        returns True on a timeout (the server and every rank of the job are then gone)."""
         proc = self._start(env)
-        request = {"job": str(job_file), "nproc": nproc, "log": str(log_path)}
+        request = {"job": str(job_file), "args": torchrun_args, "log": str(log_path)}
         try:
             proc.stdin.write((json.dumps(request) + "\n").encode())
             proc.stdin.flush()
@@ -137,15 +138,15 @@ def _rank_entry(job_file: str) -> None:
 
 
 def _launch_one(request: dict) -> int:
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args, parse_args
 
-    # torchrun's settings for one local node (`Launch.args` without an endpoint), its log folders in the run's folder.
-    cfg = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=int(request["nproc"]),
-                       run_id=f"hetsim-{uuid.uuid4().hex[:12]}", rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0",
-                       max_restarts=0, start_method="fork", local_addr="127.0.0.1",
-                       logs_specs=DefaultLogsSpecs(log_dir=str(Path(request["log"]).parent / "torchelastic")))
+    from hetsim.execution.runner import WORKER_MODULE
+
+    # torchrun's own parser turns the command's arguments into its launch settings; only the start method differs.
+    cfg, _, _ = config_from_args(parse_args([*request["args"], "--start-method", "fork", "-m", WORKER_MODULE,
+                                             request["job"]]))
     try:
         elastic_launch(cfg, _rank_entry)(request["job"])
         return 0
@@ -155,7 +156,7 @@ def _launch_one(request: dict) -> int:
 
 
 def serve() -> None:
-    """Read one JSON request a line from stdin ({"job", "nproc", "log"}), run it, answer one line."""
+    """Read one JSON request a line from stdin ({"job", "args", "log"}), run it, answer one line."""
     from hetsim.execution.launcher import die_with_parent, install_loopback_stores
 
     die_with_parent(signal.SIGKILL)
