@@ -54,6 +54,8 @@ from .realruns import repeated_runs
 
 RESIDUAL = "calib_residual_s"
 """The single-device term's key in `ModelProfile.calib_failed` when its run failed."""
+SMALL_BATCH_PER_DEVICE = 4
+"""Samples per device of a uniform calibration run when the search's global batch is predicted not to fit."""
 GC_RESIDUAL = "grad_cache_residual_s"
 """The single-device gradient-cache term's key in `ModelProfile.calib_failed`."""
 
@@ -94,12 +96,12 @@ def _calibrate_all(cluster: Cluster, workload, profiles: ProfileSet, req: Profil
 
     if cluster.links is None and len(cluster.devices) > 1 and all(d.backend != "catalog" for d in cluster.devices):
         # The uniform data-parallel baseline always runs; the other terms only for the families searched.
-        r = req.repeats
-        profiles = calibrate_sync(cluster, workload, profiles, req.root, say, repeats=r)
+        r, gb = req.repeats, req.global_batch
+        profiles = calibrate_sync(cluster, workload, profiles, req.root, say, repeats=r, global_batch=gb)
         if searched("zero"):
-            profiles = calibrate_sharded(cluster, workload, profiles, req.root, say, repeats=r)
-            profiles = calibrate_zero2(cluster, workload, profiles, req.root, say, repeats=r)
-            profiles = calibrate_zero1(cluster, workload, profiles, req.root, say, repeats=r)
+            profiles = calibrate_sharded(cluster, workload, profiles, req.root, say, repeats=r, global_batch=gb)
+            profiles = calibrate_zero2(cluster, workload, profiles, req.root, say, repeats=r, global_batch=gb)
+            profiles = calibrate_zero1(cluster, workload, profiles, req.root, say, repeats=r, global_batch=gb)
         if searched("pipeline", "hybrid"):
             profiles = calibrate_pipeline(cluster, workload, profiles, req.root, say, req.global_batch, repeats=r)
         if searched("tp"):
@@ -203,28 +205,29 @@ def calibrate_grad_cache(device, workload, prof: ModelProfile, dev_prof: DeviceP
 
 
 def calibrate_sync(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
-                   repeats: int = REPEATS) -> ProfileSet:
+                   repeats: int = REPEATS, global_batch: int | None = None) -> ProfileSet:
     """Run the uniform data-parallel step on the whole cluster once and record what the simulated
     gradient synchronisation misses (contention between ranks, gloo progress), per model kind."""
 
     return _calibrate_uniform(cluster, workload, profiles, root, say, DDP(), "sync_residual_s",
                               "gradient synchronisation: a real uniform step",
-                              "the simulated bucket all-reduce stands alone", repeats=repeats)
+                              "the simulated bucket all-reduce stands alone", repeats=repeats, global_batch=global_batch)
 
 
 def calibrate_sharded(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
-                      repeats: int = REPEATS) -> ProfileSet:
+                      repeats: int = REPEATS, global_batch: int | None = None) -> ProfileSet:
     """Run the uniform FSDP (ZeRO-3) step on the whole cluster once and record what its simulation
     misses beyond the data-parallel synchronisation term (on CPU: gloo all-gathers that re-gather
     each block in backward while the peer rank computes; measured 26-40% slower than simulated)."""
 
     return _calibrate_uniform(cluster, workload, profiles, root, say, ZeRO(), "shard_residual_s",
                               "sharded data parallelism: a real uniform FSDP step",
-                              "FSDP plans keep the data-parallel term alone", repeats=repeats)
+                              "FSDP plans keep the data-parallel term alone", repeats=repeats,
+                              global_batch=global_batch)
 
 
 def calibrate_zero2(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
-                    repeats: int = REPEATS) -> ProfileSet:
+                    repeats: int = REPEATS, global_batch: int | None = None) -> ProfileSet:
     """Run the uniform ZeRO-2 step (FSDP2 keeping gathered parameters from forward to backward) on the
     whole cluster once and record what its simulation misses beyond the data-parallel term: on CPU
     ranks its per-block collectives cost about what ZeRO-3's do (vit@tiny@32 on the default cluster:
@@ -232,25 +235,28 @@ def calibrate_zero2(cluster: Cluster, workload, profiles: ProfileSet, root: Path
 
     return _calibrate_uniform(cluster, workload, profiles, root, say, ZeRO(), "zero2_residual_s",
                               "gradient-sharded data parallelism: a real uniform ZeRO-2 step",
-                              "ZeRO-2 plans keep the data-parallel term alone", zero_stage=2, repeats=repeats)
+                              "ZeRO-2 plans keep the data-parallel term alone", zero_stage=2, repeats=repeats,
+                              global_batch=global_batch)
 
 
 def calibrate_zero1(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
-                    repeats: int = REPEATS) -> ProfileSet:
+                    repeats: int = REPEATS, global_batch: int | None = None) -> ProfileSet:
     """Run the uniform ZeRO-1 step (DDP + ZeroRedundancyOptimizer) on the whole cluster once and record
     what its simulation misses beyond the data-parallel term: ZeroRedundancyOptimizer broadcasts each
     owner's parameters one tensor at a time (bert@tiny@64: predicted 15-19 % fast without it)."""
 
     return _calibrate_uniform(cluster, workload, profiles, root, say, ZeRO(), "zero1_residual_s",
                               "optimizer-sharded data parallelism: a real uniform ZeRO-1 step",
-                              "ZeRO-1 plans keep the data-parallel term alone", zero_stage=1, repeats=repeats)
+                              "ZeRO-1 plans keep the data-parallel term alone", zero_stage=1, repeats=repeats,
+                              global_batch=global_batch)
 
 
 def _calibrate_uniform(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say, strat, field: str,
-                       what: str, fallback: str, zero_stage: int | None = None, repeats: int = REPEATS) -> ProfileSet:
-    """One real run of `strat`'s baseline (at `zero_stage` when given) on the whole cluster; its measured
-    minus simulated step is stored in each model profile's `field` under the cluster's group key (once
-    per group)."""
+                       what: str, fallback: str, zero_stage: int | None = None, repeats: int = REPEATS,
+                       global_batch: int | None = None) -> ProfileSet:
+    """Real runs of `strat`'s uniform plan (at `zero_stage` when given) on the whole cluster
+    (`uniform_plan`); its measured minus simulated step is stored in each model profile's `field`
+    under the cluster's group key (once per group)."""
     key = group_key(cluster.devices)
     tag = f"{field}:{key}"
     if all(key in getattr(m, field) for m in profiles.models.values()):
@@ -262,13 +268,11 @@ def _calibrate_uniform(cluster: Cluster, workload, profiles: ProfileSet, root: P
         return profiles
     cost = CostModel(cluster, profiles, workload.optimizer, has_batchnorm=workload.has_batchnorm,
                      batch_coupled=workload.batch_coupled)
-    plan = strat.baseline(SearchContext(cost=cost, global_batch=max(4 * len(cluster.devices), 16)))
+    plan = uniform_plan(strat, cost, global_batch, zero_stage)
     if plan is None:
         return profiles
-    if zero_stage is not None:
-        plan = replace(plan, zero_stage=zero_stage)
     pred = strat.predict(plan, cost)[0]
-    say(f"calibrating {what} on all {len(cluster.devices)} devices")
+    say(f"calibrating {what} on all {len(cluster.devices)} devices ({'/'.join(map(str, plan.local_batch))})")
     refs = {prof.probe_s for prof in profiles.models.values()}
     ref = next(iter(refs)) if len(refs) == 1 else 0.0  # one host-speed reference for every kind (0: none)
     m, real_common = robust_step_s(plan, cluster=cluster, workload=workload, ref_probe_s=ref, steps=10, say=say,
@@ -288,6 +292,30 @@ def _calibrate_uniform(cluster: Cluster, workload, profiles: ProfileSet, root: P
         save(prof, model_profile_path(root, kind, workload.spec))
         models[kind] = prof
     return replace(profiles, models=models)
+
+
+def uniform_plan(strat, cost: CostModel, global_batch: int | None, zero_stage: int | None = None):
+    """The uniform plan a data-parallel term is calibrated on: `strat`'s baseline (at `zero_stage` when
+    given) at the search's global batch, the batch its baseline and its plans run at, when it is
+    predicted to fit; else (or without one) at `SMALL_BATCH_PER_DEVICE` samples per device, at least
+    16.  The term is one constant per step, and what it stands for is not: on gpt@tiny@64 (default
+    cluster, five interleaved runs each, scattering by +-10 %) real minus simulated read +9.5 ms at
+    8/8 and -8 ms at 16/16; the searches' uniform baseline (16/16 at the default batch of 32) was
+    predicted 16-20 % slow in five of the fresh-clone searches the README keeps (resnet50 three
+    times, gpt twice; -2 to +7.6 % in three others) while the term came from 8/8.  None when `strat`
+    has no uniform plan here."""
+    n = len(cost.cluster.devices)
+    small = max(SMALL_BATCH_PER_DEVICE * n, 16)
+    plan = None
+    for gb in dict.fromkeys(b for b in (global_batch, small) if b):
+        plan = strat.baseline(SearchContext(cost=cost, global_batch=gb))
+        if plan is None:
+            return None
+        if zero_stage is not None:
+            plan = replace(plan, zero_stage=zero_stage)
+        if strat.predict(plan, cost)[0].feasible:
+            return plan
+    return plan  # predicted not to fit even at the small batch: its run says so (and is remembered)
 
 
 def fit_action_residual(points: list[tuple[float, float, float]]) -> Fit:

@@ -187,3 +187,28 @@ def test_single_device_residual_is_the_line_through_measured_minus_predicted(gn_
     monkeypatch.setattr(calibrate, "measure", lambda *a, **k: Measurement(status="oom"))
     failed = calibrate.calibrate_residual(device, wl, prof, dev, (2, 8, 16, 31), lambda m: None, repeats=1)
     assert failed.calib_residual_s is None and failed.calib_failed[calibrate.RESIDUAL] == "oom"
+
+
+def test_uniform_terms_are_calibrated_at_the_searched_batch_when_it_fits(make_cost, gn_profile, tmp_path, monkeypatch):
+    """The uniform plan of a data-parallel term runs at the search's global batch (what its baseline
+    executes), or at the small batch when the search's is predicted not to fit."""
+    from hetsim.profiling.obtain import ProfileRequest
+
+    cost = make_cost("emu:1.0@4G,0.5@4G")
+    ran = []
+    monkeypatch.setattr(calibrate, "measure", lambda plan, **k: ran.append(plan) or Measurement(status="ok", step_time_s=1.0))
+    monkeypatch.setattr(calibrate, "calibrate_devices", lambda c, w, p, r, s: p)
+    req = ProfileRequest(root=tmp_path, global_batch=40, precisions=("fp32",), strategies=("ddp", "zero"), repeats=1)
+    calibrate.calibrate(cost.cluster, gn_profile[0], cost.profiles, req, say=lambda m: None)
+    assert [(p.local_batch, getattr(p, "zero_stage", None)) for p in ran] == [
+        ((20, 20), None), ((20, 20), 3), ((20, 20), 2), ((20, 20), 1)]
+
+    huge = 1 << 14
+    assert not calibrate.DDP().predict(calibrate.DDPPlan(devices=(0, 1), local_batch=(huge // 2, huge // 2)),
+                                       cost)[0].feasible
+    assert calibrate.uniform_plan(calibrate.DDP(), cost, huge).local_batch == (8, 8)
+    assert calibrate.uniform_plan(calibrate.DDP(), cost, None).local_batch == (8, 8)
+    from hetsim.strategies.zero import ZeROPlan
+
+    assert calibrate.uniform_plan(calibrate.ZeRO(), cost, 40, zero_stage=1) == ZeROPlan(
+        devices=(0, 1), local_batch=(20, 20), zero_stage=1)
