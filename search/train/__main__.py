@@ -124,11 +124,13 @@ def prepare(args):
     return pf, wl, ds, cfg
 
 
-def _relaunch(argv: list[str], n: int) -> int:
-    """Not under torchrun: start the plan's ranks through torchrun (loopback only)."""
+def _relaunch(argv: list[str], n: int, out: str) -> int:
+    """Not under torchrun: start the plan's ranks through torchrun (loopback only), its own log folders
+    under `out`/torchelastic rather than a new /tmp/torchelastic_* each run."""
     from hetsim.execution.runner import Launch
 
-    cmd = [sys.executable, "-m", "hetsim.execution.launcher", *Launch().args(n), "-m", "hetsim.search.train", *argv]
+    cmd = [sys.executable, "-m", "hetsim.execution.launcher", *Launch().args(n), "--log-dir",
+           str(Path(out) / "torchelastic"), "-m", "hetsim.search.train", *argv]
     return subprocess.call(cmd)
 
 
@@ -147,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ok: {pf.label} on {pf.world_size} ranks, {len(ds)} samples, {cfg.steps} steps")
         return 0
     if not under_torchrun:
-        return _relaunch(argv, pf.world_size)
+        return _relaunch(argv, pf.world_size, args.out)
     return _train(pf, wl, ds, cfg)
 
 

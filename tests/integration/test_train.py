@@ -36,9 +36,10 @@ def plan_file(tmp_path: Path, plan, name: str = "plan.json") -> Path:
     return save_plan_file(pf, tmp_path / name)
 
 
-def torchrun(*args: str) -> list[str]:
+def torchrun(log_dir: Path, *args: str) -> list[str]:
     return [sys.executable, "-m", "hetsim.execution.launcher", "--nnodes", "1", "--nproc-per-node", "2",
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1", *args]
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1",
+            "--log-dir", str(log_dir / "torchelastic"), *args]
 
 
 @pytest.mark.parametrize("plan", [DDPPlan(devices=(0, 1), local_batch=(20, 12), accum_steps=2),
@@ -47,7 +48,7 @@ def torchrun(*args: str) -> list[str]:
 def test_prepare_gives_the_full_batch_gradient(tmp_path, plan):
     path = plan_file(tmp_path, plan)
     script = str(Path(__file__).with_name("train_api_script.py"))
-    subprocess.run(torchrun(script, str(path), str(tmp_path)), env=ENV, check=True, timeout=300,
+    subprocess.run(torchrun(tmp_path, script, str(path), str(tmp_path)), env=ENV, check=True, timeout=300,
                    capture_output=True)
     wl = load_workload("mlp")
     ds = synthetic_dataset(wl, 32)
