@@ -44,8 +44,12 @@ class Launch:
     rdzv_id: str = "hetsim"
     max_restarts: int = 0
 
-    def args(self, nproc: int) -> list[str]:
+    def args(self, nproc: int, run_dir: Path | None = None) -> list[str]:
+        """torchrun's arguments for `nproc` ranks on this node; with `run_dir`, torchrun's own (empty) log
+        folders go into `run_dir`/torchelastic, not one more /tmp/torchelastic_* a run."""
         a = ["--nnodes", self.nnodes, "--nproc-per-node", str(nproc), "--max-restarts", str(self.max_restarts)]
+        if run_dir is not None:
+            a += ["--log-dir", str(run_dir / "torchelastic")]
         if self.rdzv_endpoint:
             a += ["--rdzv-backend", self.rdzv_backend, "--rdzv-endpoint", self.rdzv_endpoint, "--rdzv-id", self.rdzv_id]
             if self.node_rank is not None:
@@ -78,8 +82,7 @@ def launch(job: Job, nproc: int, timeout_s: float, launch_cfg: Launch | None = N
         f.unlink()
     job_file = out_dir / "job.json"
     dump_json(job, job_file)
-    # torchrun's own (empty) log folders go into the run's folder, not one more /tmp/torchelastic_* a run.
-    torchrun_args = [*cfg.args(nproc), "--log-dir", str(out_dir / "torchelastic")]
+    torchrun_args = cfg.args(nproc, run_dir=out_dir)
     cmd = [sys.executable, "-m", "hetsim.execution.launcher", *torchrun_args, "-m", WORKER_MODULE, str(job_file)]
     env = dict(os.environ)
     env["PYTHONPATH"] = _project_root() + os.pathsep + env.get("PYTHONPATH", "")

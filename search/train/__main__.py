@@ -129,8 +129,8 @@ def _relaunch(argv: list[str], n: int, out: str) -> int:
     under `out`/torchelastic rather than a new /tmp/torchelastic_* each run."""
     from hetsim.execution.runner import Launch
 
-    cmd = [sys.executable, "-m", "hetsim.execution.launcher", *Launch().args(n), "--log-dir",
-           str(Path(out) / "torchelastic"), "-m", "hetsim.search.train", *argv]
+    cmd = [sys.executable, "-m", "hetsim.execution.launcher", *Launch().args(n, run_dir=Path(out)), "-m",
+           "hetsim.search.train", *argv]
     return subprocess.call(cmd)
 
 
