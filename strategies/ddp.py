@@ -20,7 +20,7 @@ from hetsim.types import MemoryBreakdown
 from . import register
 from ._contrastive import GlobalBatchLoss
 from ._coupled import check_chunks, choose_grad_cache, coupled_gather, coupled_terms
-from ._dp_closed import buckets, data_parallel_timing
+from ._dp_closed import buckets, comm_plan, data_parallel_timing, device_step, rank_comm_cpu_s
 from .base import Plan, SearchContext, Strategy, WorkerContext
 from .helpers import (
     ParamName,
@@ -133,6 +133,8 @@ def data_parallel_graph(cost: CostModel, devices: tuple[int, ...], local_batch: 
     bwd_done: dict[tuple[int, int], int] = {}
     sizes = [split_evenly(b, accum) if grad_cache else [b] for b in local_batch]
     gather = coupled_gather(g, cost, devices, sizes, grad_cache, precision)
+    cpu_comm = (0.0,) * len(devices) if gather is not None else _cpu_comm(cost, devices, local_batch, accum, precision,
+                                                                          ckpt)
     for i, d in enumerate(devices):
         res = Resource.device(d)
         micro = split_evenly(local_batch[i], accum)
@@ -148,6 +150,8 @@ def data_parallel_graph(cost: CostModel, devices: tuple[int, ...], local_batch: 
                 after = []
                 if last:
                     bwd_done[(i, k)] = tid
+        if cpu_comm[i]:
+            g.add(res, TaskKind.COMM_CPU, cpu_comm[i], [], label="all-reduce on this core (emulated)")
     group = tuple(devices)
     comm = []
     for low, nbytes in buckets(cost):
@@ -162,6 +166,15 @@ def data_parallel_graph(cost: CostModel, devices: tuple[int, ...], local_batch: 
             deps += extra_before_opt(g, i, d)
         g.add(Resource.device(d), TaskKind.OPTIMIZER, cost.opt_s(d, opt_params[i]), deps, label="opt")
     return g
+
+
+def _cpu_comm(cost: CostModel, devices: tuple[int, ...], local_batch: tuple[int, ...], accum: int, precision: str,
+              ckpt: int) -> tuple[float, ...]:
+    """Each device's `rank_comm_cpu_s` from the durations this graph gives its tasks (its first step)."""
+    lows, ar, _ = comm_plan(cost, devices)
+    steps = [device_step(cost, d, b, accum, precision, ckpt, lows) for d, b in zip(devices, local_batch)]
+    return rank_comm_cpu_s(cost, devices, list(zip(*[st.ready_s for st in steps])), [st.compute_s for st in steps],
+                           ar)
 
 
 @register

@@ -18,7 +18,8 @@ MEMORY_CATEGORIES = [("params_bytes", "params", "#4c72b0"), ("grads_bytes", "gra
                      ("other_bytes", "other", "#999999")]
 KIND_COLORS = {TaskKind.FORWARD: "tab:blue", TaskKind.BACKWARD: "tab:orange", TaskKind.WEIGHT_GRAD: "tab:olive",
                TaskKind.OPTIMIZER: "tab:green", TaskKind.ALLREDUCE: "tab:red", TaskKind.ALLGATHER: "tab:pink",
-               TaskKind.REDUCESCATTER: "tab:brown", TaskKind.SYNC: "tab:gray", TaskKind.P2P: "tab:purple"}
+               TaskKind.REDUCESCATTER: "tab:brown", TaskKind.SYNC: "tab:gray", TaskKind.P2P: "tab:purple",
+               TaskKind.COMM_CPU: "tab:cyan"}
 
 
 def write_figures(data: ReportData, out: Path) -> dict[str, Path]:
