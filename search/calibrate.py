@@ -1,9 +1,10 @@
 """The calibration step: short real runs of the strategies' own executors that add to the model
 profiles what isolated block timings miss, each term recorded beside the profile it corrects.
 
-Seven terms, each measured once per profile (or per device group) and then reused: the single-device
+Eight terms, each measured once per profile (or per device group) and then reused: the single-device
 residual (the real data-parallel executor on one device at two batch sizes), the gradient
-synchronisation of a uniform data-parallel step on the whole cluster, what a uniform ZeRO-3 (FSDP),
+synchronisation of a uniform data-parallel step on the whole cluster and again at the split that
+balances the devices (`calibrate_sync_balanced`), what a uniform ZeRO-3 (FSDP),
 ZeRO-2 and ZeRO-1 step adds to it, the per-action overhead of two real pipelines, and
 (transformers) the per-all-reduce overhead of two real tensor-parallel steps.  A search measures the
 terms of the families it runs (`ProfileRequest.strategies`) and the data-parallel one its baseline needs.  The profiles
@@ -19,12 +20,15 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 from hetsim.strategies._coupled import GRAD_CACHE_CHOICES
+from hetsim.strategies._dp_closed import compute_overlap, data_parallel_compute
 from hetsim.strategies.base import SearchContext
 from hetsim.strategies.ddp import DDP, DDPPlan
+from hetsim.strategies.helpers import balance_batch
 from hetsim.strategies.pipeline import Pipeline
 from hetsim.strategies.zero import ZeRO
 
@@ -98,6 +102,7 @@ def _calibrate_all(cluster: Cluster, workload, profiles: ProfileSet, req: Profil
         # The uniform data-parallel baseline always runs; the other terms only for the families searched.
         r, gb = req.repeats, req.global_batch
         profiles = calibrate_sync(cluster, workload, profiles, req.root, say, repeats=r, global_batch=gb)
+        profiles = calibrate_sync_balanced(cluster, workload, profiles, req.root, say, repeats=r, global_batch=gb)
         if searched("zero"):
             profiles = calibrate_sharded(cluster, workload, profiles, req.root, say, repeats=r, global_batch=gb)
             profiles = calibrate_zero2(cluster, workload, profiles, req.root, say, repeats=r, global_batch=gb)
@@ -212,6 +217,82 @@ def calibrate_sync(cluster: Cluster, workload, profiles: ProfileSet, root: Path,
     return _calibrate_uniform(cluster, workload, profiles, root, say, DDP(), "sync_residual_s",
                               "gradient synchronisation: a real uniform step",
                               "the simulated bucket all-reduce stands alone", repeats=repeats, global_batch=global_batch)
+
+
+BALANCED_MIN_GAIN = 0.1
+"""How much more compute overlap (`compute_overlap`) than the uniform step's a balanced split must have
+for its own data-parallel run (identical devices: none)."""
+
+
+def calibrate_sync_balanced(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
+                            repeats: int = REPEATS, global_batch: int | None = None) -> ProfileSet:
+    """Run the data-parallel step at the split that balances the devices (the search's own solver,
+    `balance_batch`, at the uniform plan's batch) and record its residual beside the uniform one's,
+    with both steps' compute overlap (`ModelProfile.sync_balanced_s`): plans between them read the
+    line through the two (`CostModel.sync_residual_s`).  Needs the uniform term; skipped where the
+    balanced split overlaps barely more than the uniform one."""
+    key = group_key(cluster.devices)
+    tag = f"sync_balanced_s:{key}"
+    models = profiles.models.values()
+    if (all(key in m.sync_balanced_s for m in models) or any(tag in m.calib_failed for m in models)
+            or not all(key in m.sync_residual_s for m in models)):
+        return profiles
+    cost = CostModel(cluster, profiles, workload.optimizer, has_batchnorm=workload.has_batchnorm,
+                     batch_coupled=workload.batch_coupled)
+    uniform = uniform_plan(DDP(), cost, global_batch)
+    if uniform is None or workload.batch_coupled:
+        return profiles
+    try:
+        split = balance_batch(cost, uniform.devices, uniform.global_batch, 1, uniform.precision, 0, 1)
+    except InfeasiblePlanError:
+        return profiles
+    plan = replace(uniform, local_batch=split)
+    at_uniform, at_plan = (compute_overlap(data_parallel_compute(cost, p)) for p in (uniform, plan))
+    if at_plan < at_uniform + BALANCED_MIN_GAIN or not DDP().predict(plan, cost)[0].feasible:
+        return profiles
+
+    def with_term(term: float) -> ProfileSet:
+        return replace(profiles, models={k: replace(m, sync_balanced_s={**m.sync_balanced_s,
+                                                                         key: (at_uniform, at_plan, term)})
+                                         for k, m in profiles.models.items()})
+
+    def predicted(term: float) -> float:
+        return DDP().predict(plan, CostModel(cluster, with_term(term), workload.optimizer,
+                                             has_batchnorm=workload.has_batchnorm))[0].step_time_s
+
+    say(f"calibrating gradient synchronisation: a real balanced step on all {len(cluster.devices)} devices "
+        f"({'/'.join(map(str, split))}; compute overlap {at_plan:.2f}, uniform {at_uniform:.2f})")
+    refs = {prof.probe_s for prof in models}
+    ref = next(iter(refs)) if len(refs) == 1 else 0.0
+    m, real_common = robust_step_s(plan, cluster=cluster, workload=workload, ref_probe_s=ref, steps=10, say=say,
+                                   repeats=repeats)
+    if real_common is None:
+        say(f"balanced data-parallel calibration failed ({m.status}); every split keeps the uniform term")
+    out = {}
+    for kind, prof in profiles.models.items():
+        if real_common is None:
+            prof = replace(prof, calib_failed={**prof.calib_failed, tag: m.status})
+        else:
+            real = real_common if len(refs) == 1 else m.step_time_at(prof.probe_s)
+            prof = replace(prof, sync_balanced_s={**prof.sync_balanced_s,
+                                                  key: (at_uniform, at_plan, term_for(real, predicted))})
+        save(prof, model_profile_path(root, kind, workload.spec))
+        out[kind] = prof
+    return replace(profiles, models=out)
+
+
+def term_for(real: float, predicted: Callable[[float], float], tol: float = 1e-4) -> float:
+    """The calibrated term x with `predicted(x)` = `real`, where `predicted` is non-decreasing in x and
+    rises with slope 1 once the term is on the critical path (a sync after the all-reduces may be partly
+    hidden behind a rank's own compute, so real minus predicted under-states it); below `predicted(0)`,
+    the (negative) difference."""
+    lo, hi = 0.0, max(real, 0.0)
+    if predicted(lo) >= real:
+        return real - predicted(lo)
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if predicted(mid) < real else (lo, mid)
+    return (lo + hi) / 2
 
 
 def calibrate_sharded(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,

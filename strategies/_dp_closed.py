@@ -93,6 +93,20 @@ def comm_plan(cost: CostModel, devices: tuple[int, ...]) -> tuple[tuple[int, ...
     return lows, times, max(0.0, float(sync)) if sync else 0.0
 
 
+def compute_overlap(compute: list[float]) -> float:
+    """How much of a data-parallel step all its devices compute together: the earliest device's
+    compute end over the latest's, each from its own start (1: balanced; 0.5: one device idles for
+    half the step).  `CostModel.sync_residual_s` reads its calibrated term at it."""
+    return min(compute) / max(compute) if compute and max(compute) > 0 else 1.0
+
+
+def data_parallel_compute(cost: CostModel, plan) -> list[float]:
+    """Each device's compute end in a ddp or ZeRO-1 `plan`, from its own start (`device_step`)."""
+    lows = comm_plan(cost, plan.devices)[0]
+    return [device_step(cost, d, b, plan.accum_steps, plan.precision, plan.checkpoint_blocks, lows).compute_s
+            for d, b in zip(plan.devices, plan.local_batch)]
+
+
 def rank_comm_cpu_s(cost: CostModel, devices: tuple[int, ...], ready: list[tuple[float, ...]],
                     compute: list[float], ar: tuple[float, ...]) -> tuple[float, ...]:
     """Per device: the time its own core spends on the gradient all-reduces that start while it still
@@ -152,6 +166,8 @@ def data_parallel_timing(cost: CostModel, devices: tuple[int, ...], local_batch:
     ready = list(zip(*[st.ready_s for st in steps]))  # per bucket: each device's time, from its start
     compute = [st.compute_s for st in steps]
     cpu_comm = rank_comm_cpu_s(cost, devices, ready, compute, ar)
+    if ar and len(devices) > 1:
+        sync = max(0.0, float(cost.sync_residual_s(devices, compute_overlap(compute))))
     compute = list(map(add, compute, cpu_comm))  # the graph's COMM_CPU task after the last backward
 
     # Step 1: every device starts at 0.

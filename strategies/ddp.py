@@ -20,7 +20,14 @@ from hetsim.types import MemoryBreakdown
 from . import register
 from ._contrastive import GlobalBatchLoss
 from ._coupled import check_chunks, choose_grad_cache, coupled_gather, coupled_terms
-from ._dp_closed import buckets, comm_plan, data_parallel_timing, device_step, rank_comm_cpu_s
+from ._dp_closed import (
+    buckets,
+    comm_plan,
+    compute_overlap,
+    data_parallel_timing,
+    device_step,
+    rank_comm_cpu_s,
+)
 from .base import Plan, SearchContext, Strategy, WorkerContext
 from .helpers import (
     ParamName,
@@ -133,8 +140,8 @@ def data_parallel_graph(cost: CostModel, devices: tuple[int, ...], local_batch: 
     bwd_done: dict[tuple[int, int], int] = {}
     sizes = [split_evenly(b, accum) if grad_cache else [b] for b in local_batch]
     gather = coupled_gather(g, cost, devices, sizes, grad_cache, precision)
-    cpu_comm = (0.0,) * len(devices) if gather is not None else _cpu_comm(cost, devices, local_batch, accum, precision,
-                                                                          ckpt)
+    cpu_comm, overlap = ((0.0,) * len(devices), None) if gather is not None else _own_steps(
+        cost, devices, local_batch, accum, precision, ckpt)
     for i, d in enumerate(devices):
         res = Resource.device(d)
         micro = split_evenly(local_batch[i], accum)
@@ -157,7 +164,7 @@ def data_parallel_graph(cost: CostModel, devices: tuple[int, ...], local_batch: 
     for low, nbytes in buckets(cost):
         deps = [bwd_done[(i, low)] for i in range(len(devices))]
         comm.append(g.add(Resource.COMM, TaskKind.ALLREDUCE, cost.allreduce_s(nbytes, group), deps, label=f"allreduce {nbytes >> 20} MiB"))
-    sync = cost.sync_residual_s(group)
+    sync = max(0.0, float(cost.sync_residual_s(group, overlap if len(group) > 1 else None)))
     if sync and comm:
         comm.append(g.add(Resource.COMM, TaskKind.SYNC, sync, [comm[-1]], label="sync (calibrated)"))
     for i, d in enumerate(devices):
@@ -168,13 +175,15 @@ def data_parallel_graph(cost: CostModel, devices: tuple[int, ...], local_batch: 
     return g
 
 
-def _cpu_comm(cost: CostModel, devices: tuple[int, ...], local_batch: tuple[int, ...], accum: int, precision: str,
-              ckpt: int) -> tuple[float, ...]:
-    """Each device's `rank_comm_cpu_s` from the durations this graph gives its tasks (its first step)."""
+def _own_steps(cost: CostModel, devices: tuple[int, ...], local_batch: tuple[int, ...], accum: int, precision: str,
+               ckpt: int) -> tuple[tuple[float, ...], float]:
+    """(each device's `rank_comm_cpu_s`, the step's `compute_overlap`) from the durations this graph
+    gives the devices' tasks, as the closed form reads them."""
     lows, ar, _ = comm_plan(cost, devices)
     steps = [device_step(cost, d, b, accum, precision, ckpt, lows) for d, b in zip(devices, local_batch)]
-    return rank_comm_cpu_s(cost, devices, list(zip(*[st.ready_s for st in steps])), [st.compute_s for st in steps],
-                           ar)
+    compute = [st.compute_s for st in steps]
+    return rank_comm_cpu_s(cost, devices, list(zip(*[st.ready_s for st in steps])), compute, ar), \
+        compute_overlap(compute)
 
 
 @register

@@ -98,6 +98,11 @@ class ModelProfile:
     sync_residual_s: dict[str, float] = field(default_factory=dict)
     """By group (`group_key`: each device's kind and speed): a real uniform data-parallel step on the whole cluster minus its simulated
     step (gradient synchronisation and contention between ranks that the bucket model misses)."""
+    sync_balanced_s: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    """By group (`group_key`): (the uniform step's compute overlap, the balanced step's, the balanced
+    step's residual): a second real data-parallel step, at the split that balances the devices, on
+    which `sync_residual_s` is measured again (`CostModel.sync_residual_s` moves between the two with
+    a plan's overlap, `strategies._dp_closed.compute_overlap`)."""
     shard_residual_s: dict[str, float] = field(default_factory=dict)
     """By group (`group_key`): a real uniform FSDP (ZeRO-3) step on the whole cluster minus its simulated
     step, sync residual included (what the per-block all-gather/reduce-scatter model misses)."""

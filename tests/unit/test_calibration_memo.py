@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from hetsim.search import calibrate
 
+from hetsim.model.costmodel import CostModel
+from hetsim.profiling.store import group_key
 from hetsim.types import Measurement
 
 
@@ -58,7 +60,7 @@ def test_one_repeat_runs_each_calibration_plan_once(make_cost, gn_profile, tmp_p
     monkeypatch.setattr(calibrate, "calibrate_devices", lambda c, w, p, r, s: p)
     req = ProfileRequest(root=tmp_path, global_batch=16, precisions=("fp32",), strategies=("ddp", "zero"), repeats=1)
     profiles = calibrate.calibrate(cost.cluster, gn_profile[0], cost.profiles, req, say=lambda m: None)
-    assert len(calls) == 4  # data parallel, ZeRO-3, ZeRO-2, ZeRO-1: one run each
+    assert len(calls) == 5  # data parallel (uniform, balanced), ZeRO-3, ZeRO-2, ZeRO-1: one run each
     key = next(iter(next(iter(profiles.models.values())).sync_residual_s))
     sim = calibrate.DDP().predict(calls[0], cost)[0].step_time_s
     assert next(iter(profiles.models.values())).sync_residual_s[key] == pytest.approx(5.0 - sim)
@@ -201,7 +203,7 @@ def test_uniform_terms_are_calibrated_at_the_searched_batch_when_it_fits(make_co
     req = ProfileRequest(root=tmp_path, global_batch=40, precisions=("fp32",), strategies=("ddp", "zero"), repeats=1)
     calibrate.calibrate(cost.cluster, gn_profile[0], cost.profiles, req, say=lambda m: None)
     assert [(p.local_batch, getattr(p, "zero_stage", None)) for p in ran] == [
-        ((20, 20), None), ((20, 20), 3), ((20, 20), 2), ((20, 20), 1)]
+        ((20, 20), None), ((27, 13), None), ((20, 20), 3), ((20, 20), 2), ((20, 20), 1)]
 
     huge = 1 << 14
     assert not calibrate.DDP().predict(calibrate.DDPPlan(devices=(0, 1), local_batch=(huge // 2, huge // 2)),
@@ -212,3 +214,36 @@ def test_uniform_terms_are_calibrated_at_the_searched_batch_when_it_fits(make_co
 
     assert calibrate.uniform_plan(calibrate.ZeRO(), cost, 40, zero_stage=1) == ZeROPlan(
         devices=(0, 1), local_batch=(20, 20), zero_stage=1)
+
+
+def test_the_balanced_data_parallel_step_is_predicted_as_measured_and_the_uniform_one_as_before(
+        make_cost, gn_profile, tmp_path, monkeypatch):
+    """The second data-parallel run, at the split the search's solver balances: its term is solved so
+    that the model predicts that run's step exactly (the term may hide behind a rank's compute), the
+    uniform plan keeps its own term, and a plan between them reads a term between the two."""
+    from hetsim.profiling.obtain import ProfileRequest
+
+    cost = make_cost("emu:1.0@4G,0.5@4G")
+    steps = {(20, 20): 2.0, (27, 13): 3.0}
+    monkeypatch.setattr(calibrate, "measure", lambda plan, **k: Measurement(status="ok",
+                                                                            step_time_s=steps[plan.local_batch]))
+    monkeypatch.setattr(calibrate, "calibrate_devices", lambda c, w, p, r, s: p)
+    req = ProfileRequest(root=tmp_path, global_batch=40, precisions=("fp32",), strategies=("ddp",), repeats=1)
+    profiles = calibrate.calibrate(cost.cluster, gn_profile[0], cost.profiles, req, say=lambda m: None)
+    after = CostModel(cost.cluster, profiles, cost.optimizer)
+    for split, real in steps.items():
+        plan = calibrate.DDPPlan(devices=(0, 1), local_batch=split)
+        assert calibrate.DDP().predict(plan, after)[0].step_time_s == pytest.approx(real, abs=1e-3)
+    uniform, balanced, mid = (after.sync_residual_s((0, 1), o) for o in (0.0, 1.0, None))
+    at_u, at_b, _ = next(iter(profiles.models.values())).sync_balanced_s[group_key(cost.cluster.devices)]
+    assert uniform < after.sync_residual_s((0, 1), (at_u + at_b) / 2) < balanced
+    assert mid == uniform  # no overlap given (FSDP's graph): the uniform step's term
+
+
+def test_term_for_solves_a_term_hidden_in_part_behind_compute():
+    # A term that only shows above 0.3 s (a rank's own compute ends 0.3 s after the all-reduces).
+    def predicted(x):
+        return 1.0 + max(0.0, x - 0.3)
+
+    assert calibrate.term_for(1.5, predicted) == pytest.approx(0.8, abs=1e-3)
+    assert calibrate.term_for(0.9, predicted) == pytest.approx(-0.1)  # below the model's floor
