@@ -64,7 +64,7 @@ class _DeviceStep:
 
 
 def device_step(cost: CostModel, d: int, local: int, accum: int, precision: str, ckpt: int,
-                 lows: tuple[int, ...]) -> _DeviceStep:
+                lows: tuple[int, ...]) -> _DeviceStep:
     """The task durations `data_parallel_graph` gives device d, added in its program order."""
     n = cost.facts.n_blocks
     t = f_sum = b_sum = 0.0

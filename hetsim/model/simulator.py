@@ -32,10 +32,10 @@ class TaskKind:
     SYNC = "sync"
     """Calibrated gradient-synchronisation residual (what the bucket model misses)."""
     P2P = "p2p"
+    """A pipeline activation or gradient transfer between two devices."""
     COMM_CPU = "comm cpu"
     """An emulated CPU rank's own core running its share of the gradient all-reduces
     (`strategies/_dp_closed.rank_comm_cpu_s`): device time, not compute."""
-    """A pipeline activation or gradient transfer between two devices."""
     COMPUTE = frozenset({FORWARD, BACKWARD, WEIGHT_GRAD, OPTIMIZER})
     """The kinds that keep a device busy (the bubble fraction is the rest of its step)."""
 
