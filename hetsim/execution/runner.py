@@ -263,7 +263,9 @@ def _torchrun_root_cause(tail: str) -> tuple[int, int] | None:
 
 # Errors a rank reports when a peer went away: consequences, not causes.
 _SECONDARY = re.compile(r"Connection (reset|closed) by peer|Broken pipe|Connection refused|"
-                        r"NCCL communicator was aborted|recvBytes|failed to recv|Socket Timeout", re.IGNORECASE)
+                        r"NCCL communicator was aborted|recvBytes|failed to recv|Socket Timeout|"
+                        # torchrun's agent stops the survivors with SIGTERM once a rank has died
+                        r"SignalException: Process \d+ got signal: 15", re.IGNORECASE)
 
 
 def _exit_code_of(tail: str, rank: int) -> int | None:
