@@ -52,7 +52,7 @@ from hetsim.profiling.store import (
     model_profile_path,
     save,
 )
-from hetsim.types import Fit
+from hetsim.types import Fit, Measurement
 
 from .realruns import repeated_runs
 
@@ -234,13 +234,12 @@ def calibrate_sync_balanced(cluster: Cluster, workload, profiles: ProfileSet, ro
     key = group_key(cluster.devices)
     tag = f"sync_balanced_s:{key}"
     models = profiles.models.values()
-    if (all(key in m.sync_balanced_s for m in models) or any(tag in m.calib_failed for m in models)
-            or not all(key in m.sync_residual_s for m in models)):
+    if (workload.batch_coupled or all(key in m.sync_balanced_s for m in models)
+            or any(tag in m.calib_failed for m in models) or not all(key in m.sync_residual_s for m in models)):
         return profiles
-    cost = CostModel(cluster, profiles, workload.optimizer, has_batchnorm=workload.has_batchnorm,
-                     batch_coupled=workload.batch_coupled)
+    cost = CostModel(cluster, profiles, workload.optimizer, has_batchnorm=workload.has_batchnorm)
     uniform = uniform_plan(DDP(), cost, global_batch)
-    if uniform is None or workload.batch_coupled:
+    if uniform is None:
         return profiles
     try:
         split = balance_batch(cost, uniform.devices, uniform.global_batch, 1, uniform.precision, 0, 1)
@@ -262,23 +261,13 @@ def calibrate_sync_balanced(cluster: Cluster, workload, profiles: ProfileSet, ro
 
     say(f"calibrating gradient synchronisation: a real balanced step on all {len(cluster.devices)} devices "
         f"({'/'.join(map(str, split))}; compute overlap {at_plan:.2f}, uniform {at_uniform:.2f})")
-    refs = {prof.probe_s for prof in models}
-    ref = next(iter(refs)) if len(refs) == 1 else 0.0
-    m, real_common = robust_step_s(plan, cluster=cluster, workload=workload, ref_probe_s=ref, steps=10, say=say,
-                                   repeats=repeats)
-    if real_common is None:
+    m, reals = _whole_cluster_step(plan, cluster, workload, profiles, say, repeats)
+    if reals is None:
         say(f"balanced data-parallel calibration failed ({m.status}); every split keeps the uniform term")
-    out = {}
-    for kind, prof in profiles.models.items():
-        if real_common is None:
-            prof = replace(prof, calib_failed={**prof.calib_failed, tag: m.status})
-        else:
-            real = real_common if len(refs) == 1 else m.step_time_at(prof.probe_s)
-            prof = replace(prof, sync_balanced_s={**prof.sync_balanced_s,
-                                                  key: (at_uniform, at_plan, term_for(real, predicted))})
-        save(prof, model_profile_path(root, kind, workload.spec))
-        out[kind] = prof
-    return replace(profiles, models=out)
+        return _record(profiles, root, workload,
+                       lambda kind, prof: replace(prof, calib_failed={**prof.calib_failed, tag: m.status}))
+    return _record(profiles, root, workload, lambda kind, prof: replace(
+        prof, sync_balanced_s={**prof.sync_balanced_s, key: (at_uniform, at_plan, term_for(reals[kind], predicted))}))
 
 
 def term_for(real: float, predicted: Callable[[float], float], tol: float = 1e-4) -> float:
@@ -354,24 +343,38 @@ def _calibrate_uniform(cluster: Cluster, workload, profiles: ProfileSet, root: P
         return profiles
     pred = strat.predict(plan, cost)[0]
     say(f"calibrating {what} on all {len(cluster.devices)} devices ({'/'.join(map(str, plan.local_batch))})")
-    refs = {prof.probe_s for prof in profiles.models.values()}
-    ref = next(iter(refs)) if len(refs) == 1 else 0.0  # one host-speed reference for every kind (0: none)
-    m, real_common = robust_step_s(plan, cluster=cluster, workload=workload, ref_probe_s=ref, steps=10, say=say,
-                                   repeats=repeats)
-    ok = real_common is not None
-    if not ok:
+    m, reals = _whole_cluster_step(plan, cluster, workload, profiles, say, repeats)
+    if reals is None:
         say(f"{what.split(':')[0]} calibration failed ({m.status}); {fallback}")
         if m.status != "oom":  # a crash or timeout may pass next time; running out of memory will not
             return profiles
+        return _record(profiles, root, workload,
+                       lambda kind, prof: replace(prof, calib_failed={**prof.calib_failed, tag: m.status}))
+    return _record(profiles, root, workload, lambda kind, prof: replace(
+        prof, **{field: {**getattr(prof, field), key: reals[kind] - pred.step_time_s}}))
+
+
+def _whole_cluster_step(plan, cluster: Cluster, workload, profiles: ProfileSet, say: Say,
+                        repeats: int) -> tuple[Measurement, dict[str, float] | None]:
+    """(the last measurement, each model kind's real step at its profile's host speed, or None when the
+    run failed) of `robust_step_s` of `plan` on the whole cluster: one host-speed reference when the
+    kinds share one, else each kind's own probe."""
+    refs = {prof.probe_s for prof in profiles.models.values()}
+    ref = next(iter(refs)) if len(refs) == 1 else 0.0  # one host-speed reference for every kind (0: none)
+    m, real = robust_step_s(plan, cluster=cluster, workload=workload, ref_probe_s=ref, steps=10, say=say,
+                            repeats=repeats)
+    if real is None:
+        return m, None
+    return m, {kind: real if len(refs) == 1 else m.step_time_at(prof.probe_s) for kind, prof in profiles.models.items()}
+
+
+def _record(profiles: ProfileSet, root: Path, workload,
+            update: Callable[[str, ModelProfile], ModelProfile]) -> ProfileSet:
+    """Every model profile updated by `update(kind, profile)` and saved under `root`."""
     models = {}
     for kind, prof in profiles.models.items():
-        if ok:
-            real = real_common if len(refs) == 1 else m.step_time_at(prof.probe_s)
-            prof = replace(prof, **{field: {**getattr(prof, field), key: real - pred.step_time_s}})
-        else:
-            prof = replace(prof, calib_failed={**prof.calib_failed, tag: m.status})
+        models[kind] = prof = update(kind, prof)
         save(prof, model_profile_path(root, kind, workload.spec))
-        models[kind] = prof
     return replace(profiles, models=models)
 
 
@@ -471,12 +474,8 @@ def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: P
         return profiles
     fit = fit_action_residual(points)
     say(f"pipeline calibration: {fit.intercept * 1e3:+.1f} ms {fit.slope * 1e3:+.2f} ms x micro-batch per compute action")
-    models = {}
-    for kind, prof in profiles.models.items():
-        prof = replace(prof, pipe_action_s={**prof.pipe_action_s, key: fit})
-        save(prof, model_profile_path(root, kind, workload.spec))
-        models[kind] = prof
-    return replace(profiles, models=models)
+    return _record(profiles, root, workload,
+                   lambda kind, prof: replace(prof, pipe_action_s={**prof.pipe_action_s, key: fit}))
 
 
 TP_FIELDS = {"tp_dtensor_collective_s": True, "tp_collective_s": False}

@@ -84,13 +84,32 @@ def device_step(cost: CostModel, d: int, local: int, accum: int, precision: str,
     return _DeviceStep(ready_s=tuple(done[k] for k in lows), compute_s=t, fwd_s=f_sum, bwd_s=b_sum)
 
 
-def comm_plan(cost: CostModel, devices: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[float, ...], float]:
-    """(lowest block of each bucket, each bucket's all-reduce time, calibrated sync time) on this group."""
-    bs = buckets(cost)
-    lows = tuple(low for low, _ in bs)
-    times = tuple(max(0.0, float(cost.allreduce_s(nbytes, devices))) for _, nbytes in bs)
-    sync = cost.sync_residual_s(devices) if bs else 0.0
-    return lows, times, max(0.0, float(sync)) if sync else 0.0
+def comm_plan(cost: CostModel, devices: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """(lowest block of each bucket, each bucket's all-reduce time) on this group; memoized."""
+    table = cost.memo_table("dp_comm")
+    found = table.get(devices)
+    if found is None:
+        bs = buckets(cost)
+        found = table[devices] = (tuple(low for low, _ in bs),
+                                  tuple(max(0.0, float(cost.allreduce_s(nbytes, devices))) for _, nbytes in bs))
+    return found
+
+
+def device_steps(cost: CostModel, devices: tuple[int, ...], local_batch: tuple[int, ...], accum: int, precision: str,
+                 ckpt: int) -> list[_DeviceStep]:
+    """Each device's `device_step`, memoized per (device class, local batch, accumulation, precision,
+    checkpointing): a device's compute is its class's, and the buckets' lowest blocks are the model's."""
+    lows = comm_plan(cost, devices)[0]
+    table = cost.memo_table("dp_device")
+    klass = cost.klass
+    steps = []
+    for d, b in zip(devices, local_batch):
+        key = (klass[d], b, accum, precision, ckpt)
+        st = table.get(key)
+        if st is None:
+            st = table[key] = device_step(cost, d, b, accum, precision, ckpt, lows)
+        steps.append(st)
+    return steps
 
 
 def compute_overlap(compute: list[float]) -> float:
@@ -102,9 +121,18 @@ def compute_overlap(compute: list[float]) -> float:
 
 def data_parallel_compute(cost: CostModel, plan) -> list[float]:
     """Each device's compute end in a ddp or ZeRO-1 `plan`, from its own start (`device_step`)."""
-    lows = comm_plan(cost, plan.devices)[0]
-    return [device_step(cost, d, b, plan.accum_steps, plan.precision, plan.checkpoint_blocks, lows).compute_s
-            for d, b in zip(plan.devices, plan.local_batch)]
+    return [st.compute_s for st in device_steps(cost, plan.devices, plan.local_batch, plan.accum_steps,
+                                                plan.precision, plan.checkpoint_blocks)]
+
+
+def step_terms(cost: CostModel, devices: tuple[int, ...], steps: list[_DeviceStep],
+               ar: tuple[float, ...]) -> tuple[tuple[float, ...], float]:
+    """(each device's `rank_comm_cpu_s`, the calibrated sync at the step's `compute_overlap`; 0 without
+    buckets) of a data-parallel step whose devices compute `steps`: what the graph and the closed form
+    both add."""
+    compute = [st.compute_s for st in steps]
+    cpu_comm = rank_comm_cpu_s(cost, devices, list(zip(*[st.ready_s for st in steps])), compute, ar)
+    return cpu_comm, cost.sync_residual_s(devices, compute_overlap(compute)) if ar else 0.0
 
 
 def rank_comm_cpu_s(cost: CostModel, devices: tuple[int, ...], ready: list[tuple[float, ...]],
@@ -143,20 +171,8 @@ def data_parallel_timing(cost: CostModel, devices: tuple[int, ...], local_batch:
     """The steady step of `data_parallel_graph` (then ZeRO-1's parameter broadcast of
     `broadcast_bytes` after every optimizer step, when given, plus its calibrated `broadcast_extra_s`),
     as `run_steady` times it."""
-    comm = cost.memo_table("dp_comm")
-    found = comm.get(devices)
-    if found is None:
-        found = comm[devices] = comm_plan(cost, devices)
-    lows, ar, sync = found
-    table = cost.memo_table("dp_device")
-    steps = []
-    klass = cost.klass
-    for d, b in zip(devices, local_batch):
-        key = (klass[d], b, accum, precision, ckpt)  # a device's compute is its class's
-        st = table.get(key)
-        if st is None:
-            st = table[key] = device_step(cost, d, b, accum, precision, ckpt, lows)
-        steps.append(st)
+    ar = comm_plan(cost, devices)[1]
+    steps = device_steps(cost, devices, local_batch, accum, precision, ckpt)
     opt_table = cost.memo_table("dp_opt")
     opts = opt_table.get((devices, opt_params))
     if opts is None:
@@ -164,11 +180,8 @@ def data_parallel_timing(cost: CostModel, devices: tuple[int, ...], local_batch:
     bcast = None if broadcast_bytes is None else max(0.0, float(cost.allgather_s(broadcast_bytes, devices)
                                                                + broadcast_extra_s))
     ready = list(zip(*[st.ready_s for st in steps]))  # per bucket: each device's time, from its start
-    compute = [st.compute_s for st in steps]
-    cpu_comm = rank_comm_cpu_s(cost, devices, ready, compute, ar)
-    if ar and len(devices) > 1:
-        sync = max(0.0, float(cost.sync_residual_s(devices, compute_overlap(compute))))
-    compute = list(map(add, compute, cpu_comm))  # the graph's COMM_CPU task after the last backward
+    cpu_comm, sync = step_terms(cost, devices, steps, ar)
+    compute = [st.compute_s + x for st, x in zip(steps, cpu_comm)]  # the graph's COMM_CPU task after the last backward
 
     # Step 1: every device starts at 0.
     t = 0.0

@@ -20,14 +20,7 @@ from hetsim.types import MemoryBreakdown
 from . import register
 from ._contrastive import GlobalBatchLoss
 from ._coupled import check_chunks, choose_grad_cache, coupled_gather, coupled_terms
-from ._dp_closed import (
-    buckets,
-    comm_plan,
-    compute_overlap,
-    data_parallel_timing,
-    device_step,
-    rank_comm_cpu_s,
-)
+from ._dp_closed import buckets, comm_plan, data_parallel_timing, device_steps, step_terms
 from .base import Plan, SearchContext, Strategy, WorkerContext
 from .helpers import (
     ParamName,
@@ -140,8 +133,12 @@ def data_parallel_graph(cost: CostModel, devices: tuple[int, ...], local_batch: 
     bwd_done: dict[tuple[int, int], int] = {}
     sizes = [split_evenly(b, accum) if grad_cache else [b] for b in local_batch]
     gather = coupled_gather(g, cost, devices, sizes, grad_cache, precision)
-    cpu_comm, overlap = ((0.0,) * len(devices), None) if gather is not None else _own_steps(
-        cost, devices, local_batch, accum, precision, ckpt)
+    group = tuple(devices)
+    if gather is None:
+        cpu_comm, sync = step_terms(cost, group, device_steps(cost, group, local_batch, accum, precision, ckpt),
+                                    comm_plan(cost, group)[1])
+    else:  # a coupled step's backward waits for the gather: the uniform term, no core share
+        cpu_comm, sync = (0.0,) * len(devices), cost.sync_residual_s(group)
     for i, d in enumerate(devices):
         res = Resource.device(d)
         micro = split_evenly(local_batch[i], accum)
@@ -159,12 +156,10 @@ def data_parallel_graph(cost: CostModel, devices: tuple[int, ...], local_batch: 
                     bwd_done[(i, k)] = tid
         if cpu_comm[i]:
             g.add(res, TaskKind.COMM_CPU, cpu_comm[i], [], label="all-reduce on this core (emulated)")
-    group = tuple(devices)
     comm = []
     for low, nbytes in buckets(cost):
         deps = [bwd_done[(i, low)] for i in range(len(devices))]
         comm.append(g.add(Resource.COMM, TaskKind.ALLREDUCE, cost.allreduce_s(nbytes, group), deps, label=f"allreduce {nbytes >> 20} MiB"))
-    sync = max(0.0, float(cost.sync_residual_s(group, overlap if len(group) > 1 else None)))
     if sync and comm:
         comm.append(g.add(Resource.COMM, TaskKind.SYNC, sync, [comm[-1]], label="sync (calibrated)"))
     for i, d in enumerate(devices):
@@ -173,17 +168,6 @@ def data_parallel_graph(cost: CostModel, devices: tuple[int, ...], local_batch: 
             deps += extra_before_opt(g, i, d)
         g.add(Resource.device(d), TaskKind.OPTIMIZER, cost.opt_s(d, opt_params[i]), deps, label="opt")
     return g
-
-
-def _own_steps(cost: CostModel, devices: tuple[int, ...], local_batch: tuple[int, ...], accum: int, precision: str,
-               ckpt: int) -> tuple[tuple[float, ...], float]:
-    """(each device's `rank_comm_cpu_s`, the step's `compute_overlap`) from the durations this graph
-    gives the devices' tasks, as the closed form reads them."""
-    lows, ar, _ = comm_plan(cost, devices)
-    steps = [device_step(cost, d, b, accum, precision, ckpt, lows) for d, b in zip(devices, local_batch)]
-    compute = [st.compute_s for st in steps]
-    return rank_comm_cpu_s(cost, devices, list(zip(*[st.ready_s for st in steps])), compute, ar), \
-        compute_overlap(compute)
 
 
 @register
