@@ -79,3 +79,56 @@ def test_report_error_is_taken_at_the_profiles_host_speed():
     assert report.err_pct(row) == pytest.approx(10.0)
     raw = report.Row(place=1, label="x", plan=row.plan, predicted=pred, measured=meas)
     assert report.host_speed(raw) is None and report.err_pct(raw) == pytest.approx(-12.0)
+
+
+def test_a_low_precision_is_referenced_to_its_own_probe():
+    bf16 = ModelProfile(model="m", device_kind="k", fingerprint={}, micro_batches=(1,), blocks=(),
+                        opt_step_s={"adamw": Fit(intercept=0.0, slope=0.0)}, probe_s=0.016, probe_low_s={"bf16": 0.012})
+    assert profile_ref([bf16], "bf16") == 0.012 and profile_ref([bf16]) == profile_ref([bf16], "fp32") == 0.016
+    # A profile before format 7 took its bf16 timings beside the fp32 probe.
+    assert profile_ref([_profile(0.016)], "bf16") == 0.016
+    assert _profile(0.0).probe_for("bf16") == 0.0  # unprobed stays unprobed
+
+
+def test_probe_runs_under_its_precision():
+    from hetsim.profiling.hostspeed import HostProbe, probe_precision
+
+    assert [probe_precision(p) for p in ("fp32", "bf16", "fp16", "tf32")] == ["fp32", "bf16", "fp16", "fp32"]
+    probe = HostProbe("bf16")
+    assert probe.precision == "bf16" and probe() > 0
+
+
+def test_profiling_keeps_each_precision_at_its_own_probe(monkeypatch):
+    """Every bf16 timing is taken beside the bf16 probe and kept at the median bf16 probe; fp32 at
+    the fp32 one.  Here each timing is half the probe taken just before it (a host whose speed the
+    probe of that precision tracks): at its own reference every point is then half that reference."""
+    import torch
+
+    from hetsim.profiling import measure
+    from hetsim.workloads.builtin import load_workload
+
+    last = {}
+    cycle = {"fp32": [0.016], "bf16": [0.010, 0.030, 0.012]}
+
+    class FakeProbe:
+        def __init__(self, precision="fp32"):
+            self.precision, self.n = precision, 0
+
+        def __call__(self):
+            values = cycle[self.precision]
+            last["p"] = values[self.n % len(values)]
+            self.n += 1
+            return last["p"]
+
+    def fake_times(fn, device, reps, warmup=1):
+        fn()
+        return [0.5 * last.get("p", 0.016)] * reps
+
+    monkeypatch.setattr(measure, "_times", fake_times)
+    monkeypatch.setattr(measure, "HostProbe", FakeProbe)
+    torch.set_num_threads(1)
+    prof = measure.profile_model(load_workload("mlp", 32), "emu-cpu", torch.device("cpu"), (2, 4), ("fp32", "bf16"))
+    assert prof.probe_s == pytest.approx(0.016) and prof.probe_low_s == {"bf16": pytest.approx(0.012)}
+    for b in prof.blocks:
+        assert b.timing["fp32"].fwd_s(2) == pytest.approx(0.008)
+        assert b.timing["bf16"].fwd_s(2) == pytest.approx(0.006) and b.timing["bf16"].fwd_s(4) == pytest.approx(0.006)
