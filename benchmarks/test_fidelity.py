@@ -95,11 +95,9 @@ def _record(plan, pred, runs: list, ref_probe_s: float) -> dict:
     return rec
 
 
-def run_suite(plans, cost, cluster, workload, models) -> list[dict]:
+def run_suite(plans, cost, cluster, workload, ref_probe_s: float) -> list[dict]:
     """Every plan run PASSES times: the first pass in suite order, the next in reverse order, so
-    that a plan's runs fall at different times (the host's slow phases last up to a minute); each
-    compared at the host speed of the profiles' probe of its precision (`models`: the model profiles)."""
-    refs = [profile_ref(models, plan.precision) for plan in plans]
+    that a plan's runs fall at different times (the host's slow phases last up to a minute)."""
     preds = [strategies.get(p.strategy).predict(p, cost)[0] for p in plans]
     runs: list[list] = [[] for _ in plans]
     for k in range(PASSES):
@@ -113,13 +111,13 @@ def run_suite(plans, cost, cluster, workload, models) -> list[dict]:
             meas = measure(plan, cluster=cluster, workload_spec=workload.spec, optimizer=workload.optimizer,
                            steps=STEPS, warmup=WARMUP, timeout_s=RUN_TIMEOUT_S, out_dir=out_dir)
             runs[i].append((meas, out_dir, load_before))
-            at_ref = meas.step_time_at(refs[i])
+            at_ref = meas.step_time_at(ref_probe_s)
             err = f"{golden.rel_err(pred.step_time_s, at_ref):+.1%}" if meas.status == "ok" else meas.status
             host = f", host probe {meas.probe_s * 1e3:.1f} ms" if meas.probe_s else ""
             print(f"[pass {k + 1}/{PASSES}, {i + 1}/{len(plans)}] {strategies.get(plan.strategy).label(plan)}: "
                   f"predicted {pred.step_time_s:.3f} s, measured {at_ref or float('nan'):.3f} s ({err}; raw "
                   f"{meas.step_time_s or float('nan'):.3f} s{host})", flush=True)
-    return [_record(plan, pred, r, ref) for plan, pred, r, ref in zip(plans, preds, runs, refs)]
+    return [_record(plan, pred, r, ref_probe_s) for plan, pred, r in zip(plans, preds, runs)]
 
 
 def _guarded(fn, *args):
@@ -154,12 +152,11 @@ def test_recording_repeatability(ctx, cost, cluster, workload, profiles):
     cost2 = CostModel(cluster, again, workload.optimizer, has_batchnorm=workload.has_batchnorm,
                       batch_coupled=workload.batch_coupled)
     ref1, ref2 = profile_ref(profiles.models.values()), profile_ref(again.models.values())
+    scale = ref1 / ref2 if ref1 > 0 and ref2 > 0 else 1.0
     rows = []
     for plan in suite_plans(ctx):
         strat = strategies.get(plan.strategy)
         p1, p2 = strat.predict(plan, cost)[0], strat.predict(plan, cost2)[0]
-        a, b = (profile_ref(ps.models.values(), plan.precision) for ps in (profiles, again))
-        scale = a / b if a > 0 and b > 0 else 1.0  # the plan's precision's probes
         rows.append({"label": strat.label(plan), "pred_step_time_s": [p1.step_time_s, p2.step_time_s],
                      "step_time_diff": abs(p2.step_time_s * scale / p1.step_time_s - 1),
                      "step_time_diff_raw": abs(p2.step_time_s / p1.step_time_s - 1),
@@ -188,8 +185,7 @@ def test_fidelity(benchmark, ctx, cost, cluster, workload, profiles):
     load_start = os.getloadavg()
     t0 = time.perf_counter()
     ref = profile_ref(profiles.models.values())
-    records, error = benchmark.pedantic(_guarded, args=(run_suite, plans, cost, cluster, workload,
-                                                        list(profiles.models.values())), rounds=1,
+    records, error = benchmark.pedantic(_guarded, args=(run_suite, plans, cost, cluster, workload, ref), rounds=1,
                                         iterations=1)
     if error is not None:
         raise error

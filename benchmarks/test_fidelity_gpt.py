@@ -19,6 +19,8 @@ from fidelity_suite import suite_plans
 from hetsim.search import golden
 from test_fidelity import FIDELITY_TIMEOUT_S, PASSES, STEPS, run_suite
 
+from hetsim.profiling.hostspeed import profile_ref
+
 GPT_MODEL = "gpt"
 GPT_SIZE = "tiny"
 """gpt tiny at its 64 tokens: ~0.25 s per step of 32 samples on one quiet core (0.46 s measured
@@ -56,7 +58,7 @@ def test_fidelity_gpt(cluster, gpt_setup):
     plans = suite_plans(ctx, target=GPT_PLANS)
     assert len({p.strategy for p in plans}) >= 4 and len(plans) >= 8, [p.strategy for p in plans]
     t0 = time.perf_counter()
-    records = run_suite(plans, cost, cluster, wl, list(profiles.models.values()))
+    records = run_suite(plans, cost, cluster, wl, profile_ref(profiles.models.values()))
     acc = golden.accuracy_of(records)
     result = {"model": wl.spec, "tokens_per_sample": wl.tokens_per_sample, "cluster": cluster.spec,
               "global_batch": GLOBAL_BATCH, "steps": STEPS, "passes": PASSES, "n_plans": acc.n_plans,

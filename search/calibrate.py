@@ -173,7 +173,7 @@ def _single_device_gaps(plans: list[tuple[DDPPlan, str]], one: Cluster, cost: Co
         pred = DDP().predict(plan, cost)[0].step_time_s
         say(f"calibrating {prof.device_kind}: {label}")
         # One local device: never a multi-node rendezvous.
-        m, real = robust_step_s(plan, cluster=one, workload=workload, ref_probe_s=prof.probe_for(plan.precision), steps=10, say=say,
+        m, real = robust_step_s(plan, cluster=one, workload=workload, ref_probe_s=prof.probe_s, steps=10, say=say,
                                 repeats=repeats)
         if real is None:
             return gaps, m.status
@@ -359,14 +359,13 @@ def _whole_cluster_step(plan, cluster: Cluster, workload, profiles: ProfileSet, 
     """(the last measurement, each model kind's real step at its profile's host speed, or None when the
     run failed) of `robust_step_s` of `plan` on the whole cluster: one host-speed reference when the
     kinds share one, else each kind's own probe."""
-    refs = {prof.probe_for(plan.precision) for prof in profiles.models.values()}
+    refs = {prof.probe_s for prof in profiles.models.values()}
     ref = next(iter(refs)) if len(refs) == 1 else 0.0  # one host-speed reference for every kind (0: none)
     m, real = robust_step_s(plan, cluster=cluster, workload=workload, ref_probe_s=ref, steps=10, say=say,
                             repeats=repeats)
     if real is None:
         return m, None
-    return m, {kind: real if len(refs) == 1 else m.step_time_at(prof.probe_for(plan.precision))
-               for kind, prof in profiles.models.items()}
+    return m, {kind: real if len(refs) == 1 else m.step_time_at(prof.probe_s) for kind, prof in profiles.models.items()}
 
 
 def _record(profiles: ProfileSet, root: Path, workload,
@@ -460,7 +459,7 @@ def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: P
     points = []
     for plan in calibration_pipeline_plans(cost0, global_batch, min_samples_per_micro_batch(workload.has_batchnorm)):
         say(f"calibrating pipeline actions: a real {pipe.label(plan)} step on all {len(cluster.devices)} devices")
-        m, real = robust_step_s(plan, cluster=cluster, workload=workload, ref_probe_s=profile_ref(profiles.models.values(), plan.precision),
+        m, real = robust_step_s(plan, cluster=cluster, workload=workload, ref_probe_s=profile_ref(profiles.models.values()),
                                 steps=6, say=say, repeats=repeats)
         if real is None:
             say(f"pipeline calibration run failed ({m.status})")
@@ -538,7 +537,7 @@ def calibrate_tp(cluster: Cluster, workload, profiles: ProfileSet, root: Path, s
         where = (f"{plan.tp_size} devices as one tensor group" if plan.dp == 1
                  else f"{plan.dp} replicas of {plan.tp_size}-device tensor groups")
         say(f"calibrating tensor parallelism: a real {tp.label(plan)} step on {where}")
-        m, real = robust_step_s(plan, cluster=cluster, workload=workload, ref_probe_s=profile_ref(profiles.models.values(), plan.precision),
+        m, real = robust_step_s(plan, cluster=cluster, workload=workload, ref_probe_s=profile_ref(profiles.models.values()),
                                 steps=6, say=say, repeats=repeats)
         failed = real is None
         if failed:

@@ -4,7 +4,6 @@ the notes on families that were not searched, never fit or were not worth it, an
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import optuna
@@ -43,10 +42,10 @@ def shortlist(found: list[Candidate], ctx: SearchContext, top_k: int, families: 
     """The top-k of the search's distinct feasible plans, the best plan of each of `families` that
     has none among them, the plans their families ask to run beside them (`Strategy.counterparts`,
     e.g. the even tensor-parallel plan beside an uneven one), and the uniform data-parallel baseline."""
-    ref = plan_ref(ctx.cost.profiles.models.values())
+    ref = profile_ref(ctx.cost.profiles.models.values())
     spread = profile_spread(ctx.cost.profiles.models.values())
     rows = [report.Row(place=i + 1, label=strategies.get(c.plan.strategy).label(c.plan), plan=c.plan,
-                       predicted=c.prediction, measured=None, ref_probe_s=ref(c.plan), timing_spread=spread)
+                       predicted=c.prediction, measured=None, ref_probe_s=ref, timing_spread=spread)
             for i, c in enumerate(found[:top_k])]
     rows += family_best_rows(rows, found, families, ref, spread)
     rows += counterpart_rows(rows, ctx.cost, ref, spread)
@@ -54,7 +53,7 @@ def shortlist(found: list[Candidate], ctx: SearchContext, top_k: int, families: 
     base_plan = ddp.baseline(ctx)
     base_pred, _, _ = ddp.predict(base_plan, ctx.cost)
     base = report.Row(place=0, label="uniform baseline: " + ddp.label(base_plan), plan=base_plan, predicted=base_pred,
-                      measured=None, ref_probe_s=ref(base_plan), timing_spread=spread)
+                      measured=None, ref_probe_s=ref, timing_spread=spread)
     return Shortlist(candidates=tuple(rows), baseline=base)
 
 
@@ -143,12 +142,7 @@ def knob_notes(rows, cands, opts: Options, cost=None) -> list[str]:
     return out
 
 
-def plan_ref(models) -> Callable[[object], float]:
-    """A plan's host-speed reference: the profiles' probe of its precision (hetsim.profiling.hostspeed)."""
-    return lambda plan: profile_ref(models, getattr(plan, "precision", "fp32"))
-
-
-def family_best_rows(rows: list[report.Row], found: list[Candidate], names, ref: Callable[[object], float],
+def family_best_rows(rows: list[report.Row], found: list[Candidate], names, ref: float,
                      spread: float | None) -> list[report.Row]:
     """The best plan of every named family that has none in the top-k, so that each family asked
     for is run at least once (e.g. tensor parallelism beside faster data-parallel plans)."""
@@ -160,12 +154,11 @@ def family_best_rows(rows: list[report.Row], found: list[Candidate], names, ref:
             continue
         label = f"best {name} plan (outside the top-{len(rows)}): {strategies.get(name).label(best.plan)}"
         out.append(report.Row(place=len(rows) + len(out) + 1, label=label, plan=best.plan, predicted=best.prediction,
-                              measured=None, ref_probe_s=ref(best.plan), timing_spread=spread))
+                              measured=None, ref_probe_s=ref, timing_spread=spread))
     return out
 
 
-def counterpart_rows(rows: list[report.Row], cost, ref: Callable[[object], float],
-                     spread: float | None) -> list[report.Row]:
+def counterpart_rows(rows: list[report.Row], cost, ref: float, spread: float | None) -> list[report.Row]:
     """Rows for the plans a candidate's family asks to run beside it (`Strategy.counterparts`), each
     plan once, numbered after the candidates."""
     seen = [r.plan for r in rows]
@@ -178,5 +171,5 @@ def counterpart_rows(rows: list[report.Row], cost, ref: Callable[[object], float
             seen.append(plan)
             pred, _, _ = strat.predict(plan, cost)
             out.append(report.Row(place=len(rows) + len(out) + 1, label=f"counterpart of #{r.place}: {strat.label(plan)}",
-                                  plan=plan, predicted=pred, measured=None, ref_probe_s=ref(plan), timing_spread=spread))
+                                  plan=plan, predicted=pred, measured=None, ref_probe_s=ref, timing_spread=spread))
     return out

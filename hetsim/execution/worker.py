@@ -58,8 +58,7 @@ class Job:
     out_dir: str = ""
     fault: Fault | None = None
     probe: bool = False
-    """Time hetsim.profiling.hostspeed's probe (of the plan's precision) before every timed step (CPU
-    ranks on a shared host)."""
+    """Time hetsim.profiling.hostspeed's probe before every timed step (CPU ranks on a shared host)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -235,8 +234,8 @@ def _timed_steps(step: _CheckedStep, job: Job, device) -> tuple[list[float], lis
     import torch.distributed as dist
 
     probe = None
-    if job.probe and device.type == "cpu":  # the plan's precision's probe, as its profile's timings took
-        probe = HostProbe(job.plan.get("precision", "fp32"))
+    if job.probe and device.type == "cpu":
+        probe = HostProbe()
     dist.barrier()
     times, probes, starts = [], [], []
     for i in range(job.steps):

@@ -12,15 +12,7 @@ the phases but not their size (CV 6.5%), hence a whole small network.
 
 Use: every timed CPU quantity is taken beside a probe time p, and kept as t x ref / p, where ref
 is the profile's median probe (`ModelProfile.probe_s`): "this time, at the speed the host had
-when the profile was recorded".
-
-One probe per precision: a bf16 quantity (blocks timed under bf16 autocast, a bf16 plan's steps) is
-taken beside the same network run under bf16 autocast and kept at the profile's median bf16 probe
-(`ModelProfile.probe_for`).  This CPU runs bf16 convolutions and matmuls on other units (AMX) than
-fp32 ones, and they do not speed up with the host's phases as fp32 does: over 83 windows of one
-process (fp32 probe 13.7-25.1 ms), a bf16 step normalised by the fp32 probe varied more than raw
-(CV 8.0 % against 6.8 %), by the bf16 probe 4.8 %; over 240 passes of five bf16 plans the slope of log
-step on log fp32 probe was 0.52 (fp32 plans 0.82).  In a run of several ranks p is the ranks' mean probe of that step
+when the profile was recorded".  In a run of several ranks p is the ranks' mean probe of that step
 (`shared_probes`).  Measurements keep their raw times too.  GPU times are not
 probed (a GPU is not shared with the host's other guests); their profiles have probe_s = 0.
 """
@@ -36,20 +28,12 @@ PROBE_IMAGE = 64
 PROBE_REPS = 2
 
 
-def probe_precision(precision: str) -> str:
-    """The probe that times quantities of `precision`: its own under autocast, fp32 otherwise."""
-    return precision if precision in ("bf16", "fp16") else "fp32"
-
-
 class HostProbe:
-    """A fixed small network, built once per process; calling it times one probe (seconds), under the
-    autocast of `precision` (`probe_precision`)."""
+    """A fixed small network, built once per process; calling it times one probe (seconds)."""
 
-    def __init__(self, precision: str = "fp32") -> None:
+    def __init__(self) -> None:
         import torch
         import torchvision
-
-        self.precision = probe_precision(precision)
 
         gen_state = torch.random.get_rng_state()
         torch.manual_seed(0)
@@ -61,10 +45,8 @@ class HostProbe:
     def __call__(self) -> float:
         import torch
 
-        from hetsim.workloads.precision import autocast
-
         best = float("inf")
-        with torch.inference_mode(), autocast(torch.device("cpu"), self.precision):
+        with torch.inference_mode():
             for _ in range(PROBE_REPS):
                 t = time.perf_counter()
                 self._model(self._x)
@@ -100,9 +82,8 @@ def ref_of(probes: Sequence[float]) -> float:
     return statistics.median(good) if good else 0.0
 
 
-def profile_ref(models, precision: str = "fp32") -> float:
-    """The host reference of a set of model profiles for quantities of `precision`: the probe time of
-    the (one) probed CPU profile (`ModelProfile.probe_for`), 0 when none is probed or they disagree (no
-    common reference to express times at)."""
-    refs = {m.probe_for(precision) for m in models if getattr(m, "probe_s", 0.0)}
+def profile_ref(models) -> float:
+    """The host reference of a set of model profiles: the probe time of the (one) probed CPU profile,
+    0 when none is probed or they disagree (no common reference to express times at)."""
+    refs = {m.probe_s for m in models if getattr(m, "probe_s", 0.0)}
     return refs.pop() if len(refs) == 1 else 0.0

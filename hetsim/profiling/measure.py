@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from hetsim.profiling.hostspeed import HostProbe, at_ref, probe_precision, ref_of
+from hetsim.profiling.hostspeed import HostProbe, at_ref, ref_of
 from hetsim.profiling.memcal import profile_memory
 from hetsim.profiling.saved import saved_storages, storage_ids
 from hetsim.profiling.store import BlockProfile, BlockTiming, DeviceProfile, ModelProfile
@@ -23,7 +23,7 @@ from hetsim.types import Fit
 from hetsim.workloads.builtin import PROFILED_OPTIMIZERS, Workload, make_optimizer
 from hetsim.workloads.precision import autocast
 
-FORMAT = "7"
+FORMAT = "6"
 """Part of every profile's fingerprint: bump it when a measured field changes meaning (what is timed,
 how, in which unit), so that recorded profiles are measured again.  A new field with a default needs
 no bump unless a profile without it would be used wrongly.  2: the memory calibration on GPUs no
@@ -37,9 +37,7 @@ interpolated between them instead of read off one line; format-4 files still loa
 record the activation gradients a zero-bubble schedule keeps between a stage's input and weight backward
 (`BlockProfile.split_grad_bytes_per_sample`); without them such a pipeline's memory is under-predicted.
 Every point is timed in interleaved rounds and `ModelProfile.timing_spread` is the whole model's spread
-across them (before: across three timings in a row, which missed the host's slow phases).  7: a low
-precision's timings are taken beside the probe run under that precision (`ModelProfile.probe_low_s`),
-and a plan in that precision is probed so; a format-6 profile's bf16 timings are at the fp32 probe."""
+across them (before: across three timings in a row, which missed the host's slow phases)."""
 
 
 def cpu_name() -> str:
@@ -166,10 +164,9 @@ class _Measured:
     device: torch.device
     blocks: list[tuple[str, nn.Module]]
     param_storages: set[int]
-    probe: dict[str, HostProbe] | None
-    """On a CPU every timing is taken beside a host-speed probe of its precision and kept at the
-    profile's reference speed for that precision (hetsim.profiling.hostspeed): the host's slow and fast
-    phases would otherwise bend the fits."""
+    probe: HostProbe | None
+    """On a CPU every timing is taken beside a host-speed probe and kept at the profile's reference
+    speed (hetsim.profiling.hostspeed): the host's slow and fast phases would otherwise bend the fits."""
     times: dict[str, list[dict[int, list[tuple[float, float, float, float]]]]]
     """Per precision, per block, per micro-batch size: (forward, backward, probe, forward without
     autograd), one per round."""
@@ -180,39 +177,33 @@ class _Measured:
     flops: list[float]
     fulls: list[tuple[float, float, int]] = field(default_factory=list)
     """Whole-model time, its probe, its micro-batch size (one per round)."""
-    probes: dict[str, list[float]] = field(default_factory=dict)
-    """Per probe precision, every probe taken."""
+    probes: list[float] = field(default_factory=list)
     round: int = 0
     """The round being measured: every point is timed once per round, the rounds interleaved."""
     input_bytes: int = 0
-    ref: dict[str, float] = field(default_factory=dict)
-    """Per probe precision, the reference probe time (set once everything is measured)."""
+    ref: float = 0.0
+    """The reference probe time (set once everything is measured)."""
 
     @property
     def warmup(self) -> int:
         """A warm-up call before a timing in the first round only (later rounds find it warm)."""
         return 1 if self.round == 0 else 0
 
-    def probed(self, fn: Callable[[], object], prec: str = "fp32") -> tuple[list[float], float]:
-        """One timing of fn (run under `prec`) and the host probe of `prec` taken just before it."""
-        which = probe_precision(prec)
-        p = 0.0
-        if self.probe is not None:
-            if which not in self.probe:
-                self.probe[which] = HostProbe(which)
-            p = self.probe[which]()
-        self.probes.setdefault(which, []).append(p)
+    def probed(self, fn: Callable[[], object]) -> tuple[list[float], float]:
+        """One timing of fn and the host probe taken just before it."""
+        p = self.probe() if self.probe is not None else 0.0
+        self.probes.append(p)
         return _times(fn, self.device, 1, self.warmup), p
 
     def point(self, prec: str, k: int, mb: int) -> tuple[float, float, float]:
         """Block k's (forward, backward, forward without autograd) at micro-batch mb: the median over
         the rounds of each timing at the reference host speed."""
         ts = self.times[prec][k][mb]
-        return tuple(statistics.median(self.at(t[i], t[2], prec) for t in ts) for i in (0, 1, 3))
+        return tuple(statistics.median(self.at(t[i], t[2]) for t in ts) for i in (0, 1, 3))
 
-    def at(self, t: float, p: float, prec: str = "fp32") -> float:
-        """Time t of `prec`, taken beside probe p of `prec`, at that probe's reference host speed."""
-        return at_ref([t], [p], self.ref.get(probe_precision(prec), 0.0))[0]
+    def at(self, t: float, p: float) -> float:
+        """Time t, taken beside probe p, at the reference host speed."""
+        return at_ref([t], [p], self.ref)[0]
 
 
 def profile_model(
@@ -237,7 +228,7 @@ def profile_model(
     m = _Measured(
         workload=workload, device=device, blocks=blocks,
         param_storages=storage_ids(model.parameters()),
-        probe={"fp32": HostProbe()} if device.type == "cpu" else None,
+        probe=HostProbe() if device.type == "cpu" else None,
         times={p: [{} for _ in blocks] for p in precisions}, acts={p: [[] for _ in blocks] for p in precisions},
         split_grads={p: [0.0] * len(blocks) for p in precisions},
         out_bytes=[0] * len(blocks), flops=[0.0] * len(blocks),
@@ -251,13 +242,13 @@ def profile_model(
                     progress(f"profiling {workload.name} {prec} micro-batch {mb}"
                              + (f" (round {r + 1}/{rounds})" if rounds > 1 else ""))
                 _measure_micro_batch(m, model, prec, mb, first=r == 0 and mb == micro_batches[0])
-    m.ref = {which: ref_of(ps) for which, ps in m.probes.items()}
+    m.ref = ref_of(m.probes)
     overhead = [max(0.0, m.at(full, p) - sum(sum(m.point("fp32", k, mb)[:2]) for k in range(len(blocks))))
                 for full, p, mb in m.fulls]
     by_mb = [[m.at(full, p) for full, p, j in m.fulls if j == mb] for mb in micro_batches]
     spreads = [rel_mad(ts) for ts in by_mb if len(ts) > 1]
     bps = _block_profiles(m, micro_batches, precisions)
-    opt_fits = _optimizer_fits(model, device, reps, m.probe["fp32"] if m.probe else None, m.ref.get("fp32", 0.0))
+    opt_fits = _optimizer_fits(model, device, reps, m.probe, m.ref)
     cosines = {p: grad_cosine(workload, device, p, min(16, max(micro_batches))) for p in precisions if p != "fp32"}
     host_fits: dict[str, Fit] = {}
     if device.type != "cpu":  # CPU offload steps the optimizer on the host: measured there too
@@ -274,8 +265,7 @@ def profile_model(
         grad_cosine=cosines,
         host_opt_step_s=host_fits,
         step_overhead_s=statistics.median(overhead) if overhead else 0.0,
-        probe_s=m.ref.get("fp32", 0.0),
-        probe_low_s={which: ref for which, ref in m.ref.items() if which != "fp32" and ref},
+        probe_s=m.ref,
         timing_spread=statistics.median(spreads) if spreads else None,
         input_bytes_per_sample=m.input_bytes,
         memory=profile_memory(workload, device, micro_batches, precisions),
@@ -333,7 +323,7 @@ def _measure_block(m: _Measured, k: int, h: torch.Tensor, y: torch.Tensor, prec:
         with autocast(device, prec):
             return blk(inp)
 
-    tfs, p = m.probed(fwd_train, prec)
+    tfs, p = m.probed(fwd_train)
     tf = statistics.median(tfs)
     tfb = _median_time(fwd_bwd, device, 1, m.warmup)
     tn = _median_time(fwd, device, 1, m.warmup)

@@ -135,10 +135,6 @@ class ModelProfile:
     """CPU profiles: the host-speed probe's median time while this profile was recorded
     (hetsim.profiling.hostspeed).  Every time above is kept at that host speed, calibration runs included;
     0 for GPU profiles and profiles recorded without a probe."""
-    probe_low_s: dict[str, float] = field(default_factory=dict)
-    """By low precision ('bf16'): the median time of the probe run under that precision's autocast while
-    this profile was recorded; that precision's block timings are kept at it (`probe_for`).  Empty in
-    profiles before format 7, whose low-precision timings were taken beside the fp32 probe."""
     timing_spread: float | None = None
     """Relative spread of the repeated timings while this profile was recorded: over the micro-batch
     sizes, the median of the relative median absolute deviation (MAD / median) of the repeated
@@ -153,11 +149,6 @@ class ModelProfile:
     @property
     def param_bytes(self) -> int:
         return sum(b.param_bytes for b in self.blocks)
-
-    def probe_for(self, precision: str) -> float:
-        """The host-speed reference of quantities measured in `precision` (hetsim.profiling.hostspeed):
-        its own probe's where recorded, else `probe_s`."""
-        return self.probe_low_s.get(precision, self.probe_s) if self.probe_s else 0.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -129,9 +129,8 @@ class Trainer:
         self.sched = _scheduler(getattr(self.ex, "stepper", self.ex.opt), self.cfg.lr_schedule, self.cfg.steps)
         self.fingerprint = checkpoint.plan_fingerprint(self.pf.plan, self.pf.workload)
         self.start = 0
-        # Emulated ranks share the host: a probe (of the plan's precision, as the search's runs) before
-        # each step gives every figure one host speed.
-        self.probe = HostProbe(getattr(self.plan, "precision", "fp32")) if self.emulator is not None else None
+        # Emulated ranks share the host: a probe before each step gives every figure one host speed.
+        self.probe = HostProbe() if self.emulator is not None else None
 
     # ------------------------------------------------------------------ checkpoints
     def resume(self) -> None:
