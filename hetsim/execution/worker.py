@@ -26,7 +26,7 @@ from hetsim.execution.emulation import Emulator
 from hetsim.execution.launcher import die_with_parent
 from hetsim.execution.memtrack import measure_step
 from hetsim.profiling.commbench import run_commbench
-from hetsim.profiling.hostspeed import HostProbe, at_ref, shared_probes
+from hetsim.profiling.hostspeed import RunProbe, at_ref, shared_probes
 from hetsim.serial import dump_json, from_dict, to_dict
 from hetsim.types import MemoryBreakdown
 from hetsim.workloads import Workload, workload_from_spec
@@ -235,11 +235,11 @@ def _timed_steps(step: _CheckedStep, job: Job, device) -> tuple[list[float], lis
 
     probe = None
     if job.probe and device.type == "cpu":
-        probe = HostProbe()
+        probe = RunProbe()
     dist.barrier()
     times, probes, starts = [], [], []
     for i in range(job.steps):
-        if probe is not None:  # untimed; the step's first collective absorbs the ranks' differences
+        if probe is not None:  # untimed, by rank 0 alone; the ranks leave it together
             probes.append(probe())
         if device.type == "cuda":
             torch.cuda.synchronize(device)

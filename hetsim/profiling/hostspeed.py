@@ -12,8 +12,8 @@ the phases but not their size (CV 6.5%), hence a whole small network.
 
 Use: every timed CPU quantity is taken beside a probe time p, and kept as t x ref / p, where ref
 is the profile's median probe (`ModelProfile.probe_s`): "this time, at the speed the host had
-when the profile was recorded".  In a run of several ranks p is the ranks' mean probe of that step
-(`shared_probes`).  Measurements keep their raw times too.  GPU times are not
+when the profile was recorded".  In a run of several ranks p is rank 0's probe of that step, timed
+alone while the others wait (`RunProbe`), which every rank records (`shared_probes` combines them).  Measurements keep their raw times too.  GPU times are not
 probed (a GPU is not shared with the host's other guests); their profiles have probe_s = 0.
 """
 
@@ -52,6 +52,37 @@ class HostProbe:
                 self._model(self._x)
                 best = min(best, time.perf_counter() - t)
         return best
+
+
+class RunProbe:
+    """The host-speed probe of a run of several ranks, called by every rank before each step: the
+    ranks wait at a barrier while rank 0 alone times the probe, and every rank gets its time.
+
+    Why alone: with more ranks than cores, a probe timed by every rank at once ran while other
+    ranks were still computing or probing, a different number of them each time.  Measured here (2
+    vCPUs, four ranks of gpt@tiny@64, five runs of each plan interleaved): probes of 17-26 ms,
+    and the step normalised by them scattered more than the raw step (CV 10-27 % against 4-13 %
+    for tensor-parallel plans); rank 0 probing alone read 12-13 ms as one process does, and the
+    normalised step's CV fell to 1.6-3.4 %.  On two ranks, each on its own core, both ways read
+    the same probe."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        self._together = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        self._rank = dist.get_rank() if self._together else 0
+        self._probe = HostProbe() if self._rank == 0 else None
+
+    def __call__(self) -> float:
+        if not self._together:
+            return self._probe()
+        import torch
+        import torch.distributed as dist
+
+        dist.barrier()
+        t = torch.tensor([self._probe() if self._probe is not None else 0.0], dtype=torch.float64)
+        dist.broadcast(t, 0)
+        return float(t.item())
 
 
 def at_ref(times: Sequence[float], probes: Sequence[float], ref: float) -> list[float]:

@@ -23,7 +23,7 @@ from torch import nn
 from hetsim.execution.emulation import Emulator
 from hetsim.execution.planfile import PlanFile
 from hetsim.execution.worker import RankResult, summarize_steps
-from hetsim.profiling.hostspeed import HostProbe
+from hetsim.profiling.hostspeed import RunProbe
 from hetsim.workloads import Workload
 
 TIMING_WARMUP = 3
@@ -129,8 +129,8 @@ class Trainer:
         self.sched = _scheduler(getattr(self.ex, "stepper", self.ex.opt), self.cfg.lr_schedule, self.cfg.steps)
         self.fingerprint = checkpoint.plan_fingerprint(self.pf.plan, self.pf.workload)
         self.start = 0
-        # Emulated ranks share the host: a probe before each step gives every figure one host speed.
-        self.probe = HostProbe() if self.emulator is not None else None
+        # Emulated ranks share the host: a probe before each step (rank 0's, timed alone) gives every figure one host speed.
+        self.probe = RunProbe() if self.emulator is not None else None
 
     # ------------------------------------------------------------------ checkpoints
     def resume(self) -> None:
@@ -166,7 +166,7 @@ class Trainer:
         idx, size = self.sampler.next_batch()
         x, y = collate(self.dataset, idx)
         self.ex.load_batch(x, y, size)
-        probe = self.probe() if self.probe is not None else 0.0  # untimed; the step's first collective absorbs the ranks' differences
+        probe = self.probe() if self.probe is not None else 0.0  # untimed; the ranks leave it together
         self.clock.take()
         self.opt_s = 0.0
         if self.device.type == "cuda":
