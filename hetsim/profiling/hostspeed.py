@@ -19,6 +19,7 @@ probed (a GPU is not shared with the host's other guests); their profiles have p
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -64,7 +65,11 @@ class RunProbe:
     and the step normalised by them scattered more than the raw step (CV 10-27 % against 4-13 %
     for tensor-parallel plans); rank 0 probing alone read 12-13 ms as one process does, and the
     normalised step's CV fell to 1.6-3.4 %.  On two ranks, each on its own core, both ways read
-    the same probe."""
+    the same probe.
+
+    With more ranks than cores every rank gets cores / ranks of the host (the emulated devices
+    compute or spin all step long), so the time returned is the lone probe x ranks / cores: each
+    emulated device is then compared at the speed of a whole core, as its profile was recorded."""
 
     def __init__(self) -> None:
         import torch.distributed as dist
@@ -72,6 +77,9 @@ class RunProbe:
         self._together = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         self._rank = dist.get_rank() if self._together else 0
         self._probe = HostProbe() if self._rank == 0 else None
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())) if self._together else 1
+        self.share = max(1.0, local / host_cores())
+        """Ranks per core of this host (1 with a core each): the factor on the lone probe."""
 
     def __call__(self) -> float:
         if not self._together:
@@ -82,7 +90,15 @@ class RunProbe:
         dist.barrier()
         t = torch.tensor([self._probe() if self._probe is not None else 0.0], dtype=torch.float64)
         dist.broadcast(t, 0)
-        return float(t.item())
+        return float(t.item()) * self.share
+
+
+def host_cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def at_ref(times: Sequence[float], probes: Sequence[float], ref: float) -> list[float]:

@@ -81,35 +81,39 @@ def test_report_error_is_taken_at_the_profiles_host_speed():
     assert report.host_speed(raw) is None and report.err_pct(raw) == pytest.approx(-12.0)
 
 
-def _probe_rank(rank: int, world: int, store_path: str, out_dir: str) -> None:
+def _probe_rank(rank: int, world: int, store_path: str, out_dir: str, cores: int) -> None:
     import json
 
     import torch.distributed as dist
 
-    from hetsim.profiling.hostspeed import RunProbe
+    from hetsim.profiling import hostspeed
 
+    hostspeed.host_cores = lambda: cores  # this host, as seen by the probe
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
     try:
-        probe = RunProbe()
+        probe = hostspeed.RunProbe()
         times = [probe() for _ in range(3)]
         with open(f"{out_dir}/rank{rank}.json", "w") as f:
-            json.dump({"times": times, "probed": probe._probe is not None}, f)
+            json.dump({"times": times, "probed": probe._probe is not None, "share": probe.share}, f)
     finally:
         dist.destroy_process_group()
 
 
-def test_run_probe_is_rank_0s_alone_and_every_rank_gets_it(tmp_path):
+@pytest.mark.parametrize("cores, share", [(2, 1.0), (1, 2.0)])
+def test_run_probe_is_rank_0s_alone_and_every_rank_gets_it(tmp_path, cores, share):
     import json
 
     import torch.multiprocessing as mp
 
-    mp.spawn(_probe_rank, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_probe_rank, args=(2, str(tmp_path / "store"), str(tmp_path), cores), nprocs=2, join=True)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["probed"] and not r1["probed"]  # one rank times it; the other waits
     assert r0["times"] == r1["times"] and all(t > 0 for t in r0["times"])
+    assert r0["share"] == r1["share"] == share  # two ranks on one core: each runs at half its speed
 
 
 def test_run_probe_outside_a_process_group_times_its_own():
     from hetsim.profiling.hostspeed import RunProbe
 
-    assert RunProbe()() > 0
+    probe = RunProbe()
+    assert probe() > 0 and probe.share == 1.0
