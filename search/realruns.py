@@ -14,6 +14,9 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from hetsim.execution.runner import measure
+from hetsim.hardware.cluster import Cluster
+from hetsim.names import REPEATS
+from hetsim.profiling.obtain import Say
 from hetsim.reporting import report
 from hetsim.reporting.decision import NOISE_FLOOR_REL
 from hetsim.types import Measurement
@@ -78,7 +81,7 @@ def repeated_runs(run: Callable[[int], Measurement], repeats: int, at: Callable[
     they disagree (by `at`, a step time at one host speed) by more than the noise floor
     (`NOISE_FLOOR_REL`), so that one run caught in a slow phase of a shared host is out-voted.  Stops
     at a failing run, which is then the last.  Shared by the executed plans and calibration
-    (`hetsim.search.calibrate.robust_step_s`)."""
+    (`robust_step_s`)."""
     runs: list[Measurement] = []
     for k in range(repeats + 1):
         if k == repeats:
@@ -90,6 +93,25 @@ def repeated_runs(run: Callable[[int], Measurement], repeats: int, at: Callable[
         if not runs[-1].timed:
             break
     return runs
+
+
+
+def robust_step_s(plan, *, cluster: Cluster, workload, ref_probe_s: float, steps: int, say: Say,
+                  timeout_s: float = 600, repeats: int = REPEATS):
+    """(last measurement, step time at the profiles' host speed or None): `repeats` real runs of `plan`
+    (the search's --repeats), with two a third when they disagree by more than the noise floor
+    (`NOISE_FLOOR_REL`); the median is kept, so one run caught in a slow phase of the host is
+    out-voted.  None when a run fails (the failing measurement says why)."""
+    runs = repeated_runs(
+        lambda k: measure(plan, cluster=cluster, workload_spec=workload.spec, optimizer=workload.optimizer,
+                          steps=steps, warmup=3, timeout_s=timeout_s),
+        repeats, at=lambda m: m.step_time_at(ref_probe_s),
+        on_disagree=lambda a, b: say(f"  the two runs disagree ({a:.3f} and {b:.3f} s at the profiles' host speed): "
+                                     "a third decides"))
+    m = runs[-1]
+    if not m.timed:
+        return m, None
+    return m, statistics.median(r.step_time_at(ref_probe_s) for r in runs)
 
 
 def combine_runs(runs: list[Measurement]) -> Measurement:

@@ -200,7 +200,7 @@ class CostModel:
     def pipeline_action_s(self, mb: float) -> float:
         """Calibrated extra time of every compute action of a pipeline schedule on this cluster at micro-batch
         mb (0 when not calibrated): torch.distributed.pipelining's per-action work, waits for peers, p2p and
-        contention, as two real pipeline runs measured it (`hetsim.search.calibrate.calibrate_pipeline`).  May be
+        contention, as two real pipeline runs measured it (`hetsim.search.calib_modelparallel.calibrate_pipeline`).  May be
         negative: it corrects the block timings too."""
         def fits():
 
@@ -239,13 +239,13 @@ class CostModel:
 
     def zero_residual_s(self, stage: int, group: tuple[int, ...]) -> float:
         """Calibrated extra time of a ZeRO-`stage` step over this group beyond `sync_residual_s`: each
-        stage from its own real uniform step (`hetsim.search.calibrate`: ZeRO-3 `calibrate_sharded`,
+        stage from its own real uniform step (`hetsim.search.calib_dataparallel`: ZeRO-3 `calibrate_sharded`,
         ZeRO-2 `calibrate_zero2`, ZeRO-1 `calibrate_zero1`)."""
         return self._group_term(ZERO_RESIDUAL_FIELDS[stage], group)
 
     def tp_collective_s(self, group: tuple[int, ...], dtensor: bool) -> float:
         """Calibrated extra time of every all-reduce of a tensor-parallel layer over this tensor group,
-        for DTensor's even shards or per-rank slices (`hetsim.search.calibrate.calibrate_tp`)."""
+        for DTensor's even shards or per-rank slices (`hetsim.search.calib_modelparallel.calibrate_tp`)."""
         return self._group_term("tp_dtensor_collective_s" if dtensor else "tp_collective_s", group)
 
     def _group_term(self, field: str, group: tuple[int, ...]) -> float:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from hetsim.search import calibrate
+from hetsim.search import calib_dataparallel, calib_modelparallel, calibrate, realruns
+from hetsim.strategies.ddp import DDP, DDPPlan
+from hetsim.strategies.zero import ZeRO
 
 from hetsim.model.costmodel import CostModel
 from hetsim.profiling.store import group_key
@@ -15,10 +17,10 @@ def test_failed_uniform_calibration(make_cost, gn_profile, tmp_path, monkeypatch
     wl = gn_profile[0]
     cost = make_cost("emu:1.0@4G,0.5@4G")
     calls = []
-    monkeypatch.setattr(calibrate, "measure", lambda *a, **k: calls.append(1) or Measurement(status=status))
+    monkeypatch.setattr(realruns, "measure", lambda *a, **k: calls.append(1) or Measurement(status=status))
     said: list[str] = []
-    profiles = calibrate.calibrate_sync(cost.cluster, wl, cost.profiles, tmp_path, said.append)
-    profiles = calibrate.calibrate_sync(cost.cluster, wl, profiles, tmp_path, said.append)
+    profiles = calib_dataparallel.calibrate_sync(cost.cluster, wl, cost.profiles, tmp_path, said.append)
+    profiles = calib_dataparallel.calibrate_sync(cost.cluster, wl, profiles, tmp_path, said.append)
     assert len(calls) == runs
     assert not any(m.sync_residual_s for m in profiles.models.values())
     if status == "oom":
@@ -36,9 +38,9 @@ def test_calibration_runs_out_vote_an_outlier(monkeypatch, steps, runs, kept):
         calls.append(1)
         return Measurement(status="ok", step_time_s=next(seq))
 
-    monkeypatch.setattr(calibrate, "measure", fake_measure)
+    monkeypatch.setattr(realruns, "measure", fake_measure)
     said: list[str] = []
-    _, step = calibrate.robust_step_s(object(), cluster=None, workload=type("W", (), {"spec": "x", "optimizer": "sgd"}),
+    _, step = realruns.robust_step_s(object(), cluster=None, workload=type("W", (), {"spec": "x", "optimizer": "sgd"}),
                                       ref_probe_s=0.0, steps=10, say=said.append)
     assert len(calls) == runs and step == pytest.approx(kept)
     assert bool(said) == (runs == 3)
@@ -56,13 +58,13 @@ def test_one_repeat_runs_each_calibration_plan_once(make_cost, gn_profile, tmp_p
         calls.append(plan)
         return Measurement(status="ok", step_time_s=5.0)
 
-    monkeypatch.setattr(calibrate, "measure", fake_measure)
+    monkeypatch.setattr(realruns, "measure", fake_measure)
     monkeypatch.setattr(calibrate, "calibrate_devices", lambda c, w, p, r, s: p)
     req = ProfileRequest(root=tmp_path, global_batch=16, precisions=("fp32",), strategies=("ddp", "zero"), repeats=1)
     profiles = calibrate.calibrate(cost.cluster, gn_profile[0], cost.profiles, req, say=lambda m: None)
     assert len(calls) == 5  # data parallel (uniform, balanced), ZeRO-3, ZeRO-2, ZeRO-1: one run each
     key = next(iter(next(iter(profiles.models.values())).sync_residual_s))
-    sim = calibrate.DDP().predict(calls[0], cost)[0].step_time_s
+    sim = DDP().predict(calls[0], cost)[0].step_time_s
     assert next(iter(profiles.models.values())).sync_residual_s[key] == pytest.approx(5.0 - sim)
 
 
@@ -85,9 +87,9 @@ def test_tensor_parallel_calibration_makes_each_realisation_step_as_measured(mak
         ran.append(plan.dtensor)
         return Measurement(status="ok", step_time_s=preds[plan.dtensor] + extra[plan.dtensor])
 
-    monkeypatch.setattr(calibrate, "measure", fake_measure)
+    monkeypatch.setattr(realruns, "measure", fake_measure)
     said: list[str] = []
-    profiles = calibrate.calibrate_tp(cost.cluster, wl, cost.profiles, tmp_path, said.append, 32)
+    profiles = calib_modelparallel.calibrate_tp(cost.cluster, wl, cost.profiles, tmp_path, said.append, 32)
     assert sorted(set(ran)) == [False, True]
     from hetsim.model.costmodel import CostModel
 
@@ -98,7 +100,7 @@ def test_tensor_parallel_calibration_makes_each_realisation_step_as_measured(mak
     assert after.tp_collective_s((0, 1), True) > after.tp_collective_s((0, 1), False) > 0
     # Recorded: a second search measures nothing again.
     ran.clear()
-    calibrate.calibrate_tp(cost.cluster, wl, profiles, tmp_path, said.append, 32)
+    calib_modelparallel.calibrate_tp(cost.cluster, wl, profiles, tmp_path, said.append, 32)
     assert not ran
 
 
@@ -121,8 +123,8 @@ def test_tensor_parallel_calibration_covers_the_groups_of_replicated_plans(make_
         ran.append((plan.tp_size, plan.dp, plan.dtensor))
         return Measurement(status="ok", step_time_s=tp.predict(plan, cost)[0].step_time_s + 0.1)
 
-    monkeypatch.setattr(calibrate, "measure", fake_measure)
-    profiles = calibrate.calibrate_tp(cost.cluster, wl, cost.profiles, tmp_path, lambda m: None, 32)
+    monkeypatch.setattr(realruns, "measure", fake_measure)
+    profiles = calib_modelparallel.calibrate_tp(cost.cluster, wl, cost.profiles, tmp_path, lambda m: None, 32)
     assert (2, 2, False) in ran and (2, 1, True) in ran and (4, 1, True) in ran
     after = CostModel(cost.cluster, profiles, wl.optimizer)
     devs = cost.cluster.devices
@@ -135,7 +137,7 @@ def test_tensor_parallel_calibration_covers_the_groups_of_replicated_plans(make_
     assert tp.predict(strided, after)[0].step_time_s == pytest.approx(tp.predict(strided, cost)[0].step_time_s + 0.1,
                                                                       rel=1e-6)
     ran.clear()
-    calibrate.calibrate_tp(cost.cluster, wl, profiles, tmp_path, lambda m: None, 32)
+    calib_modelparallel.calibrate_tp(cost.cluster, wl, profiles, tmp_path, lambda m: None, 32)
     assert not ran
 
 
@@ -178,15 +180,15 @@ def test_single_device_residual_is_the_line_through_measured_minus_predicted(gn_
 
     def fake_measure(plan, **k):
         ran.append(plan.local_batch[0])
-        pred = calibrate.DDP().predict(plan, one)[0].step_time_s
+        pred = DDP().predict(plan, one)[0].step_time_s
         return Measurement(status="ok", step_time_s=pred + 0.1 + 0.002 * plan.local_batch[0])
 
-    monkeypatch.setattr(calibrate, "measure", fake_measure)
+    monkeypatch.setattr(realruns, "measure", fake_measure)
     device = parse_cluster("emu:1.0@4G").devices[0]
     after = calibrate.calibrate_residual(device, wl, prof, dev, (2, 8, 16, 31), lambda m: None, repeats=1)
     assert ran == [8, 31]
     assert after.calib_residual_s.intercept == pytest.approx(0.1) and after.calib_residual_s.slope == pytest.approx(0.002)
-    monkeypatch.setattr(calibrate, "measure", lambda *a, **k: Measurement(status="oom"))
+    monkeypatch.setattr(realruns, "measure", lambda *a, **k: Measurement(status="oom"))
     failed = calibrate.calibrate_residual(device, wl, prof, dev, (2, 8, 16, 31), lambda m: None, repeats=1)
     assert failed.calib_residual_s is None and failed.calib_failed[calibrate.RESIDUAL] == "oom"
 
@@ -198,7 +200,7 @@ def test_uniform_terms_are_calibrated_at_the_searched_batch_when_it_fits(make_co
 
     cost = make_cost("emu:1.0@4G,0.5@4G")
     ran = []
-    monkeypatch.setattr(calibrate, "measure", lambda plan, **k: ran.append(plan) or Measurement(status="ok", step_time_s=1.0))
+    monkeypatch.setattr(realruns, "measure", lambda plan, **k: ran.append(plan) or Measurement(status="ok", step_time_s=1.0))
     monkeypatch.setattr(calibrate, "calibrate_devices", lambda c, w, p, r, s: p)
     req = ProfileRequest(root=tmp_path, global_batch=40, precisions=("fp32",), strategies=("ddp", "zero"), repeats=1)
     calibrate.calibrate(cost.cluster, gn_profile[0], cost.profiles, req, say=lambda m: None)
@@ -206,13 +208,13 @@ def test_uniform_terms_are_calibrated_at_the_searched_batch_when_it_fits(make_co
         ((20, 20), None), ((27, 13), None), ((20, 20), 3), ((20, 20), 2), ((20, 20), 1)]
 
     huge = 1 << 14
-    assert not calibrate.DDP().predict(calibrate.DDPPlan(devices=(0, 1), local_batch=(huge // 2, huge // 2)),
+    assert not DDP().predict(DDPPlan(devices=(0, 1), local_batch=(huge // 2, huge // 2)),
                                        cost)[0].feasible
-    assert calibrate.uniform_plan(calibrate.DDP(), cost, huge).local_batch == (8, 8)
-    assert calibrate.uniform_plan(calibrate.DDP(), cost, None).local_batch == (8, 8)
+    assert calib_dataparallel.uniform_plan(DDP(), cost, huge).local_batch == (8, 8)
+    assert calib_dataparallel.uniform_plan(DDP(), cost, None).local_batch == (8, 8)
     from hetsim.strategies.zero import ZeROPlan
 
-    assert calibrate.uniform_plan(calibrate.ZeRO(), cost, 40, zero_stage=1) == ZeROPlan(
+    assert calib_dataparallel.uniform_plan(ZeRO(), cost, 40, zero_stage=1) == ZeROPlan(
         devices=(0, 1), local_batch=(20, 20), zero_stage=1)
 
 
@@ -225,15 +227,15 @@ def test_the_balanced_data_parallel_step_is_predicted_as_measured_and_the_unifor
 
     cost = make_cost("emu:1.0@4G,0.5@4G")
     steps = {(20, 20): 2.0, (27, 13): 3.0}
-    monkeypatch.setattr(calibrate, "measure", lambda plan, **k: Measurement(status="ok",
+    monkeypatch.setattr(realruns, "measure", lambda plan, **k: Measurement(status="ok",
                                                                             step_time_s=steps[plan.local_batch]))
     monkeypatch.setattr(calibrate, "calibrate_devices", lambda c, w, p, r, s: p)
     req = ProfileRequest(root=tmp_path, global_batch=40, precisions=("fp32",), strategies=("ddp",), repeats=1)
     profiles = calibrate.calibrate(cost.cluster, gn_profile[0], cost.profiles, req, say=lambda m: None)
     after = CostModel(cost.cluster, profiles, cost.optimizer)
     for split, real in steps.items():
-        plan = calibrate.DDPPlan(devices=(0, 1), local_batch=split)
-        assert calibrate.DDP().predict(plan, after)[0].step_time_s == pytest.approx(real, abs=1e-3)
+        plan = DDPPlan(devices=(0, 1), local_batch=split)
+        assert DDP().predict(plan, after)[0].step_time_s == pytest.approx(real, abs=1e-3)
     uniform, balanced, mid = (after.sync_residual_s((0, 1), o) for o in (0.0, 1.0, None))
     at_u, at_b, _ = next(iter(profiles.models.values())).sync_balanced_s[group_key(cost.cluster.devices)]
     assert uniform < after.sync_residual_s((0, 1), (at_u + at_b) / 2) < balanced
@@ -245,5 +247,5 @@ def test_term_for_solves_a_term_hidden_in_part_behind_compute():
     def predicted(x):
         return 1.0 + max(0.0, x - 0.3)
 
-    assert calibrate.term_for(1.5, predicted) == pytest.approx(0.8, abs=1e-3)
-    assert calibrate.term_for(0.9, predicted) == pytest.approx(-0.1)  # below the model's floor
+    assert calib_dataparallel.term_for(1.5, predicted) == pytest.approx(0.8, abs=1e-3)
+    assert calib_dataparallel.term_for(0.9, predicted) == pytest.approx(-0.1)  # below the model's floor

@@ -8,7 +8,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
-from hetsim.search import calibrate
+from hetsim.search import calibrate, realruns
 from hetsim.strategies.ddp import DDP, DDPPlan
 from hetsim.strategies.zero import ZeRO, ZeROPlan
 
@@ -53,7 +53,7 @@ def test_calibrated_grad_cache_steps_predict_as_measured(gn_profile, monkeypatch
     measured step exactly, and a half-speed device pays twice the residual per chunk."""
     _, prof, dev = gn_profile
     calls: list = []
-    monkeypatch.setattr(calibrate, "measure", _fake_measure(prof, dev, calls))
+    monkeypatch.setattr(realruns, "measure", _fake_measure(prof, dev, calls))
     one = parse_cluster("emu:1.0@4G").devices[0]
     after = calibrate.calibrate_grad_cache(one, _workload(), prof, dev, [64, 128], lambda m: None, repeats=1)
     assert [(p.local_batch, p.grad_cache_chunks) for p in calls] == [((64,), 8), ((128,), 8)]
@@ -97,7 +97,7 @@ def test_devices_calibrate_the_grad_cache_once_for_coupled_losses(gn_profile, tm
     _, prof, dev = gn_profile
     prof = replace(prof, calib_residual_s=Fit(intercept=0.0, slope=0.0))
     calls: list = []
-    monkeypatch.setattr(calibrate, "measure", _fake_measure(prof, dev, calls))
+    monkeypatch.setattr(realruns, "measure", _fake_measure(prof, dev, calls))
     cost = _cost(prof, dev)
     req = ProfileRequest(root=tmp_path, global_batch=256, precisions=("fp32",), repeats=1)
     wl = _workload(coupled)
@@ -112,7 +112,7 @@ def test_devices_calibrate_the_grad_cache_once_for_coupled_losses(gn_profile, tm
     calibrate.calibrate_devices(cost.cluster, wl, profiles, req, lambda m: None)
     assert not calls
 
-    monkeypatch.setattr(calibrate, "measure", lambda *a, **k: calls.append(1) or Measurement(status="oom"))
+    monkeypatch.setattr(realruns, "measure", lambda *a, **k: calls.append(1) or Measurement(status="oom"))
     failed = calibrate.calibrate_devices(cost.cluster, wl, cost.profiles, req, lambda m: None)
     again = calibrate.calibrate_devices(cost.cluster, wl, failed, req, lambda m: None)
     assert len(calls) == (1 if coupled else 0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from hetsim.search.calibrate import fit_action_residual
+from hetsim.search.calib_modelparallel import fit_action_residual
 from hetsim.strategies.base import SearchContext
 from pipeline_synth import synthetic_cost
 

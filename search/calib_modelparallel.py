@@ -1,0 +1,178 @@
+"""Calibration terms of the model-parallel families (`hetsim.search.calibrate` runs them): the
+per-action overhead of two real pipelines over the whole cluster and the per-all-reduce overhead of
+real tensor-parallel steps, each the residual that makes the simulated step equal the measured one."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from hetsim.strategies.pipeline import Pipeline
+
+from hetsim.errors import InfeasiblePlanError
+from hetsim.hardware.cluster import Cluster
+from hetsim.model.costmodel import CostModel
+from hetsim.names import REPEATS, min_samples_per_micro_batch
+from hetsim.profiling.hostspeed import profile_ref
+from hetsim.profiling.obtain import Say
+from hetsim.profiling.store import ProfileSet, group_key, model_profile_path, save
+from hetsim.types import Fit
+
+from .calib_dataparallel import record
+from .realruns import robust_step_s
+
+
+def fit_action_residual(points: list[tuple[float, float, float]]) -> Fit:
+    """Per-action residual a + b * micro from (micro-batch size, actions on the critical path, step
+    residual) of real runs: each run's residual spread over its critical actions, then a line through
+    the per-action values (a constant from one run)."""
+
+    per = [(mb, r / n) for mb, n, r in points if n > 0]
+    if not per:
+        return Fit(intercept=0.0, slope=0.0)
+    if len(per) == 1 or len({mb for mb, _ in per}) == 1:
+        return Fit(intercept=sum(e for _, e in per) / len(per), slope=0.0)
+    (m1, e1), (m2, e2) = per[0], per[-1]
+    b = (e2 - e1) / (m2 - m1)
+    return Fit(intercept=e1 - b * m1, slope=b)
+
+
+def calibration_pipeline_plans(cost, global_batch: int, min_micro: int) -> list:
+    """The pipeline runs that calibrate the per-action term: every device in order, one stage each,
+    boundaries solved as the search would; one micro-batch (the largest micro-batch, model
+    parallelism), then 1F1B with 2 micro-batches per rank where the batch allows (fill, steady state
+    and drain all occur at a small micro-batch)."""
+    P = len(cost.cluster.devices)
+    out = []
+    ms = [m for m in (2 * P, P, 2) if global_batch % m == 0 and global_batch // m >= min_micro]
+    # A batch-coupled loss is only ever pipelined with one micro-batch (more would change its objective).
+    for m in [1] + ([] if cost.facts.batch_coupled else ms[:1]):
+        try:
+            out.append(Pipeline().solve(cost, tuple(range(P)), schedule="1F1B" if m >= P else "GPipe",
+                                        microbatches=m, batch=global_batch))
+        except InfeasiblePlanError:
+            continue
+    return out
+
+
+def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
+                       global_batch: int, repeats: int = REPEATS) -> ProfileSet:
+    """Run two short real pipelines on the whole cluster (each twice, a third time when the two disagree:
+    `robust_step_s`) and record the per-compute-action residual
+    (a + b * micro-batch, like `calibrate_residual` per data-parallel micro-step) that makes their
+    simulated steps equal the measured ones: torch.distributed.pipelining's per-action work, p2p
+    waits, contention between ranks and small-micro-batch costs that isolated block timings miss."""
+    key = group_key(cluster.devices)
+    if all(key in m.pipe_action_s for m in profiles.models.values()):
+        return profiles
+    if len(next(iter(profiles.models.values())).blocks) < len(cluster.devices):
+        return profiles  # fewer blocks than devices: no pipeline over the whole cluster
+
+    def cost_with(fit: Fit) -> CostModel:
+        models = {k: replace(p, pipe_action_s={**p.pipe_action_s, key: fit}) for k, p in profiles.models.items()}
+        return CostModel(cluster, replace(profiles, models=models), workload.optimizer,
+                         has_batchnorm=workload.has_batchnorm, batch_coupled=workload.batch_coupled)
+
+    zero = Fit(intercept=0.0, slope=0.0)
+    cost0 = cost_with(zero)
+    pipe = Pipeline()
+    points = []
+    for plan in calibration_pipeline_plans(cost0, global_batch, min_samples_per_micro_batch(workload.has_batchnorm)):
+        say(f"calibrating pipeline actions: a real {pipe.label(plan)} step on all {len(cluster.devices)} devices")
+        m, real = robust_step_s(plan, cluster=cluster, workload=workload, ref_probe_s=profile_ref(profiles.models.values()),
+                                steps=6, say=say, repeats=repeats)
+        if real is None:
+            say(f"pipeline calibration run failed ({m.status})")
+            continue
+        pred0 = pipe.predict(plan, cost0)[0].step_time_s
+        delta = 1e-3  # actions on the critical path: how much 1 ms more per action lengthens the step
+        n_crit = (pipe.predict(plan, cost_with(Fit(intercept=delta, slope=0.0)))[0].step_time_s - pred0) / delta
+        say(f"  measured {real:.3f} s, simulated {pred0:.3f} s over {n_crit:.0f} critical actions")
+        points.append((float(plan.micro_batch), n_crit, real - pred0))
+    if not points:
+        say("pipeline actions carry no calibrated overhead")
+        return profiles
+    fit = fit_action_residual(points)
+    say(f"pipeline calibration: {fit.intercept * 1e3:+.1f} ms {fit.slope * 1e3:+.2f} ms x micro-batch per compute action")
+    return record(profiles, root, workload,
+                   lambda kind, prof: replace(prof, pipe_action_s={**prof.pipe_action_s, key: fit}))
+
+
+TP_FIELDS = {"tp_dtensor_collective_s": True, "tp_collective_s": False}
+"""The tensor-parallel terms and whether their calibration plan runs through DTensor."""
+
+
+def calibrate_tp(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say, global_batch: int,
+                 delta: float = 1e-3, repeats: int = REPEATS) -> ProfileSet:
+    """Short real tensor-parallel steps, one per kind of tensor group the search can form (transformer
+    workloads): over the whole cluster as one group (2, 4 or 8 devices), DTensor's even shards and the
+    solved per-rank slices; and, on 4 or 8 devices, each smaller group size: data-parallel replicas
+    of its groups (solved slices, each grouping: 'strided' mixes speeds in every group, 'fast_links'
+    groups like devices) and DTensor's even shards on the fastest devices alone.  Each run stores the
+    per-collective residual that makes its simulated step equal the measured one: (measured -
+    simulated) / the all-reduces on the critical path (found, like the pipeline term's actions, as how
+    much 1 ms more per collective lengthens the simulated step).  A run whose replicas form groups of
+    different kinds gives all of its not yet calibrated groups the one term it measured.  On equal devices the solved shards are the even ones (DTensor's), so the
+    slices term of the whole cluster stays uncalibrated (0)."""
+    from hetsim.strategies.tp import GROUPINGS, TP, TP_SIZES, build_plan, tp_dims
+
+    n = len(cluster.devices)
+
+    def cost_with(field: str | None = None, keys=(), value: float = 0.0) -> CostModel:
+        models = profiles.models if field is None else {
+            k: replace(p, **{field: {**getattr(p, field), **dict.fromkeys(keys, value)}})
+            for k, p in profiles.models.items()}
+        return CostModel(cluster, replace(profiles, models=models), workload.optimizer,
+                         has_batchnorm=workload.has_batchnorm, batch_coupled=workload.batch_coupled)
+
+    cost0 = cost_with()
+    if n < 2 or tp_dims(cost0) is None:
+        return profiles
+    every = tuple(range(n))
+    runs = [(field, lambda dt=dtensor: build_plan(cost0, every, n, "fast_links", global_batch, even=dt))
+            for field, dtensor in TP_FIELDS.items()] if n in TP_SIZES else []
+    fastest = tuple(sorted(every, key=lambda d: (-cluster.devices[d].speed, d)))
+    for t in (t for t in TP_SIZES if t < n and n % t == 0):
+        runs += [("tp_collective_s", lambda t=t, g=g: build_plan(cost0, every, t, g, global_batch))
+                 for g in sorted(GROUPINGS, reverse=True)]
+        runs.append(("tp_dtensor_collective_s",
+                     lambda t=t: build_plan(cost0, fastest[:t], t, "fast_links", global_batch, even=True)))
+    tp = TP()
+    for field, make in runs:
+        try:
+            plan = make()
+        except InfeasiblePlanError:
+            continue
+        if plan.dtensor != (field == "tp_dtensor_collective_s"):
+            continue
+        keys = sorted({group_key([cluster.devices[d] for d in grp]) for grp in plan.groups()})
+        keys = [k for k in keys if not any(k in getattr(m, field) or f"{field}:{k}" in m.calib_failed
+                                           for m in profiles.models.values())]
+        if not keys:
+            continue
+        pred0 = tp.predict(plan, cost_with(field, keys, 0.0))[0].step_time_s
+        n_crit = (tp.predict(plan, cost_with(field, keys, delta))[0].step_time_s - pred0) / delta
+        if n_crit <= 0:  # no all-reduce on the critical path: nothing a run could attribute to them
+            continue
+        where = (f"{plan.tp_size} devices as one tensor group" if plan.dp == 1
+                 else f"{plan.dp} replicas of {plan.tp_size}-device tensor groups")
+        say(f"calibrating tensor parallelism: a real {tp.label(plan)} step on {where}")
+        m, real = robust_step_s(plan, cluster=cluster, workload=workload, ref_probe_s=profile_ref(profiles.models.values()),
+                                steps=6, say=say, repeats=repeats)
+        failed = real is None
+        if failed:
+            say(f"tensor-parallel calibration run failed ({m.status}); its all-reduces carry no calibrated overhead")
+        else:
+            per = (real - pred0) / n_crit
+            say(f"  measured {real:.3f} s, simulated {pred0:.3f} s over {n_crit:.0f} critical all-reduces: "
+                f"{per * 1e3:+.2f} ms each")
+        models = {}
+        for kind, prof in profiles.models.items():
+            if failed:
+                prof = replace(prof, calib_failed={**prof.calib_failed, **{f"{field}:{k}": m.status for k in keys}})
+            else:
+                prof = replace(prof, **{field: {**getattr(prof, field), **dict.fromkeys(keys, per)}})
+            save(prof, model_profile_path(root, kind, workload.spec))
+            models[kind] = prof
+        profiles = replace(profiles, models=models)
+    return profiles
