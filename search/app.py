@@ -49,7 +49,7 @@ def export_step(folder, plans: Shortlist, opts: Options, console: Console) -> No
     if launch_sh is not None:
         best = load_plan_file(launch_sh.parent / "best_plan.json").label
         console.print(escape(f"train with the best measured plan ({best}): bash {launch_sh}  "
-                             f"(plan: {launch_sh.parent}/best_plan.json)"))
+                             f"(plan: {launch_sh.parent}/best_plan.json)"), soft_wrap=True)  # one line, to copy
 
 
 def search_context(opts: Options, profiles: ProfileSet) -> SearchContext:

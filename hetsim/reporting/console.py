@@ -27,7 +27,7 @@ def report_step(data: report.ReportData, out: Path, console: Console) -> Path:
     if data.candidates:
         best = data.candidates[0]
         console.print(escape(f"best plan: {best.label}\n  plan JSON: {to_dict(best.plan)}"))
-    console.print(escape(f"report: {folder}/report.md (also report.html, summary.json, trials.csv)"))
+    console.print(escape(f"report: {folder}/report.md (also report.html, summary.json, trials.csv)"), soft_wrap=True)
     return folder
 
 

@@ -233,3 +233,22 @@ def test_tensorboard_scalars_are_written(tmp_path):
     sc.close()
     files = list((tmp_path / "tb").glob("events.out.tfevents.*"))
     assert files and files[0].stat().st_size > 100
+
+
+def test_the_printed_launch_command_is_one_line_on_a_narrow_console(tmp_path, monkeypatch):
+    """A log of the search (stdout not a terminal) keeps `bash .../launch.sh` whole, to copy or grep."""
+    import io
+
+    from hetsim.search import app
+    from rich.console import Console
+
+    folder = tmp_path / ("a-long-study-name-" * 6) / "report"
+    folder.mkdir(parents=True)
+    path, _ = _plan_file(folder)
+    monkeypatch.setattr(app, "export_plans", lambda *a, **k: folder / "launch.sh")
+    out = io.StringIO()
+    app.export_step(folder, type("P", (), {"rows": ()})(), type("O", (), dict(
+        cluster=None, workload=type("W", (), {"spec": "mlp", "optimizer": "adamw"})(), study="s", launch=None))(),
+        Console(file=out, width=60))
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1 and f"bash {folder / 'launch.sh'} " in lines[0] and "ddp 20/12" in lines[0]
