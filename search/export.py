@@ -46,17 +46,19 @@ def torchrun_lines(plan_path: Path, pf: PlanFile, launch: Launch) -> list[str]:
     train = ["-m", "hetsim.search.train", "--plan", str(plan_path.resolve()), "--model", pf.workload,
              "--steps", str(TRAIN_STEPS)]
     n = pf.world_size
+    # torchrun's own (empty) log folders beside the plan, not one more /tmp/torchelastic_* a training run.
+    logs = ["--log-dir", str(plan_path.resolve().parent / "torchelastic")]
     if launch.rdzv_endpoint:
         nnodes = int(launch.nnodes.split(":")[-1])
         per = -(-n // nnodes)
         return [shlex.join(["torchrun", "--nnodes", str(nnodes), "--nproc-per-node", str(per), "--node-rank",
                             str(k), "--rdzv-backend", launch.rdzv_backend, "--rdzv-endpoint", launch.rdzv_endpoint,
-                            "--rdzv-id", launch.rdzv_id, *train]) + ' "$@"' for k in range(nnodes)]
+                            "--rdzv-id", launch.rdzv_id, *logs, *train]) + ' "$@"' for k in range(nnodes)]
     # One machine: torchrun through hetsim's launcher, which binds torchrun's stores to loopback
     # (plain `torchrun --standalone` would listen on every interface); the arguments are torchrun's.
     return [shlex.join([sys.executable, "-m", "hetsim.execution.launcher", "--nnodes", "1", "--nproc-per-node", str(n),
                         "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--rdzv-id", "hetsim-train",
-                        "--local-addr", "127.0.0.1", *train]) + ' "$@"']
+                        "--local-addr", "127.0.0.1", *logs, *train]) + ' "$@"']
 
 
 def write_launch_script(folder: Path, plan_path: Path, pf: PlanFile, launch: Launch) -> Path:

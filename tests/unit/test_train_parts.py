@@ -166,6 +166,7 @@ def test_launch_script_runs_the_plan_on_its_ranks(tmp_path):
     sh = write_launch_script(tmp_path, path, pf, Launch()).read_text()
     assert "--nproc-per-node 2" in sh and "-m hetsim.search.train" in sh and str(path.resolve()) in sh
     assert "127.0.0.1" in sh  # nothing listens off-host
+    assert f"--log-dir {path.resolve().parent / 'torchelastic'} " in sh  # no /tmp/torchelastic_* left behind
     multi = torchrun_lines(path, pf, Launch(nnodes="2", rdzv_endpoint="head:29400"))
     assert len(multi) == 2 and all("--rdzv-endpoint head:29400" in line for line in multi)
     assert "--node-rank 1" in multi[1]
