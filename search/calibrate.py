@@ -104,6 +104,11 @@ def calibrate_devices(cluster: Cluster, workload, profiles: ProfileSet, req: Pro
         if prof.calib_residual_s is None and RESIDUAL not in prof.calib_failed:
             prof = calibrate_residual(dev, workload, prof, profiles.devices[kind], sizes, say, repeats=req.repeats)
             save(prof, model_profile_path(req.root, kind, workload.spec))
+        for prec in low_precisions(dev, req.precisions):
+            if prec not in prof.calib_residual_low_s and f"{RESIDUAL}:{prec}" not in prof.calib_failed:
+                prof = calibrate_residual(dev, workload, prof, profiles.devices[kind], sizes, say, repeats=req.repeats,
+                                          precision=prec)
+                save(prof, model_profile_path(req.root, kind, workload.spec))
         if (workload.batch_coupled and prof.grad_cache_residual_s is None and GC_RESIDUAL not in prof.calib_failed
                 and (req.strategies is None or {"ddp", "zero"} & set(req.strategies))):
             # Half a uniform share and a whole one, in the most chunks the search offers: the chunk sizes
@@ -124,21 +129,35 @@ def _one_device(device) -> Cluster:
                    devices=(one_dev,))
 
 
+def low_precisions(device, precisions) -> list[str]:
+    """The low precisions among `precisions` that `device` trains in (bf16 where supported; fp16 on CUDA)."""
+    return [p for p in precisions if (p == "bf16" and device.supports_bf16) or (p == "fp16" and device.backend == "cuda")]
+
+
 def calibrate_residual(device, workload, prof: ModelProfile, dev_prof: DeviceProfile, sizes, say: Say,
-                       repeats: int = REPEATS) -> ModelProfile:
-    """Run the real data-parallel executor on one device of this kind at two batch sizes and fit
-    what the isolated block timings miss (measured step - predicted step), per micro-step."""
+                       repeats: int = REPEATS, precision: str = "fp32") -> ModelProfile:
+    """Run the real data-parallel executor on one device of this kind at two batch sizes in `precision`
+    and fit what the isolated block timings miss (measured step - predicted step), per micro-step:
+    `calib_residual_s` for fp32, `calib_residual_low_s[precision]` otherwise (each against the bare
+    block model, so neither depends on the other)."""
     one = _one_device(device)
-    cost = CostModel(one, ProfileSet(models={prof.device_kind: prof}, devices={prof.device_kind: dev_prof}),
+    bare = replace(prof, calib_residual_s=None, calib_residual_low_s={})
+    cost = CostModel(one, ProfileSet(models={prof.device_kind: bare}, devices={prof.device_kind: dev_prof}),
                      workload.optimizer)
     xs = [float(b) for b in sorted({sizes[len(sizes) // 2 - 1] if len(sizes) > 2 else sizes[0], sizes[-1]})]
+    tag = "" if precision == "fp32" else f" in {precision}"
     ys, failed = _single_device_gaps(
-        [(DDPPlan(devices=(0,), local_batch=(int(b),)), f"real single-device step at batch {int(b)}") for b in xs],
+        [(DDPPlan(devices=(0,), local_batch=(int(b),), precision=precision),
+          f"real single-device step at batch {int(b)}{tag}") for b in xs],
         one, cost, workload, prof, say, repeats)
     if failed is not None:
-        say(f"calibration run failed ({failed}); keeping the uncalibrated block model")
-        return replace(prof, calib_failed={**prof.calib_failed, RESIDUAL: failed})
-    return replace(prof, calib_residual_s=Fit.least_squares(xs, ys, nonneg=False))
+        say(f"calibration run failed ({failed}); keeping the uncalibrated block model{tag}")
+        key = RESIDUAL if precision == "fp32" else f"{RESIDUAL}:{precision}"
+        return replace(prof, calib_failed={**prof.calib_failed, key: failed})
+    line = Fit.least_squares(xs, ys, nonneg=False)
+    if precision == "fp32":
+        return replace(prof, calib_residual_s=line)
+    return replace(prof, calib_residual_low_s={**prof.calib_residual_low_s, precision: line})
 
 
 def _single_device_gaps(plans: list[tuple[DDPPlan, str]], one: Cluster, cost: CostModel, workload,

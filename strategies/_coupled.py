@@ -55,7 +55,7 @@ def check_chunks(plan, cost: CostModel, family: str) -> None:
 def no_graph_forward_s(cost: CostModel, dev: int, m: int, precision: str = "fp32") -> float:
     """The gradient cache's first pass over one chunk of m samples on device dev: the whole model's
     forward without autograd recording, and that pass's overhead (`CostModel.overhead_s` with grad_cache)."""
-    return cost.nograd_fwd_s(dev, 0, cost.facts.n_blocks, m, precision) + cost.overhead_s(dev, m, grad_cache=True)
+    return cost.nograd_fwd_s(dev, 0, cost.facts.n_blocks, m, precision) + cost.overhead_s(dev, m, grad_cache=True, precision=precision)
 
 
 def coupled_gather(g: TaskGraph, cost: CostModel, devices: tuple[int, ...], sizes: list[list[int]],
@@ -69,7 +69,7 @@ def coupled_gather(g: TaskGraph, cost: CostModel, devices: tuple[int, ...], size
     for d, chunks in zip(devices, sizes):
         for j, m in enumerate(chunks):
             t = no_graph_forward_s(cost, d, m, precision) if grad_cache else (
-                cost.fwd_s(d, 0, cost.facts.n_blocks, m, precision) + cost.overhead_s(d, m))
+                cost.fwd_s(d, 0, cost.facts.n_blocks, m, precision) + cost.overhead_s(d, m, precision=precision))
             tid = g.add(f"dev{d}", "F", t, label=f"F{j} no graph" if grad_cache else "F")
         ends.append(tid)
     padded = cost.base_profile.blocks[-1].out_bytes_per_sample * max(sum(c) for c in sizes) * len(devices)

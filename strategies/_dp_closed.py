@@ -71,7 +71,7 @@ def device_step(cost: CostModel, d: int, local: int, accum: int, precision: str,
     done: dict[int, float] = {}
     micro = split_evenly(local, accum)
     for j, m in enumerate(micro):
-        f = max(0.0, float(cost.fwd_s(d, 0, n, m, precision) + cost.overhead_s(d, m)))
+        f = max(0.0, float(cost.fwd_s(d, 0, n, m, precision) + cost.overhead_s(d, m, precision=precision)))
         t += f
         f_sum += f
         last = j == len(micro) - 1

@@ -108,7 +108,7 @@ def _sharded_forward(st: _Sharded, tag: str, sizes: list[int], prev_f: list[int 
         for i, d in enumerate(st.devs):
             dur = cost.fwd_s(d, k, k + 1, sizes[i], plan.precision)
             if k == 0:
-                dur += cost.overhead_s(d, sizes[i], plan.grad_cache_chunks > 1)
+                dur += cost.overhead_s(d, sizes[i], plan.grad_cache_chunks > 1, plan.precision)
             if plan.offload and pk:
                 dur += host_copy_s(cost, d, pk / st.shards)
             tid = g.add(Resource.device(d), TaskKind.FORWARD, dur, [ag, prev_f[i]], label=f"F{tag}.{k}")

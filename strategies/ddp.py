@@ -145,7 +145,7 @@ def data_parallel_graph(cost: CostModel, devices: tuple[int, ...], local_batch: 
         for j, m in enumerate(micro):
             after = [gather] if j == 0 else []
             if gather is None or grad_cache:  # a plain coupled step ran its forward before the gather
-                g.add(res, TaskKind.FORWARD, cost.fwd_s(d, 0, n, m, precision) + cost.overhead_s(d, m, grad_cache), after,
+                g.add(res, TaskKind.FORWARD, cost.fwd_s(d, 0, n, m, precision) + cost.overhead_s(d, m, grad_cache, precision), after,
                       label=f"F{j}")
             last = j == len(micro) - 1
             for k in reversed(range(n)):

@@ -220,7 +220,7 @@ def _data_parallel_step_time(cost: CostModel, devices: tuple[int, ...], accum: i
 
     def compute_time(d: int, b: int) -> float:
         t = sum(cost.fwd_s(d, 0, n, m, precision) + cost.bwd_s(d, 0, n, m, precision)
-                + cost.recompute_s(d, 0, n, m, precision, ckpt) + cost.overhead_s(d, m, grad_cache)
+                + cost.recompute_s(d, 0, n, m, precision, ckpt) + cost.overhead_s(d, m, grad_cache, precision)
                 + (no_graph_forward_s(cost, d, m, precision) if grad_cache else 0.0)
                 for m in split_evenly(b, accum))
         return t + cost.opt_s(d, opt_params)

@@ -169,8 +169,9 @@ class CostModel:
 
         return mult * f * sum(fit(b.timing[key])(mb) for b in prof.blocks[lo:hi])
 
-    def overhead_s(self, dev: int, mb: float = 0.0, grad_cache: bool = False) -> float:
-        """Per-micro-step time outside the blocks, calibrated against real executor steps.  With
+    def overhead_s(self, dev: int, mb: float = 0.0, grad_cache: bool = False, precision: str = "fp32") -> float:
+        """Per-micro-step time outside the blocks, calibrated against real executor steps (in
+        `precision` where its own single-device residual was measured).  With
         `grad_cache`, one of a gradient-cache chunk's two passes over mb samples: half its calibrated
         per-chunk residual (`ModelProfile.grad_cache_residual_s`) where measured, else a plain
         micro-step's."""
@@ -184,8 +185,10 @@ class CostModel:
             # 0.10 s per chunk of 10.5 at half speed.
             return max(0.0, prof.step_overhead_s * scale + mult * gc(mb) / 2)
         extra = 0.0
-        if prof.calib_residual_s is not None:
+        r = prof.calib_residual_low_s.get(precision) if precision != "fp32" else None
+        if r is None:
             r = prof.calib_residual_s
+        if r is not None:
             extra = r.intercept + r.slope * mb
         return max(0.0, (prof.step_overhead_s + extra) * scale)
 
@@ -195,7 +198,7 @@ class CostModel:
         whole_t = self.fwd_s(dev, 0, self.facts.n_blocks, mb, precision) + self.bwd_s(dev, 0, self.facts.n_blocks, mb,
                                                                                      precision)
         part = self.fwd_s(dev, lo, hi, mb, precision) + self.bwd_s(dev, lo, hi, mb, precision)
-        return self.overhead_s(dev, mb) * (part / whole_t if whole_t > 0 else 0.0)
+        return self.overhead_s(dev, mb, precision=precision) * (part / whole_t if whole_t > 0 else 0.0)
 
     def pipeline_action_s(self, mb: float) -> float:
         """Calibrated extra time of every compute action of a pipeline schedule on this cluster at micro-batch

@@ -193,6 +193,52 @@ def test_single_device_residual_is_the_line_through_measured_minus_predicted(gn_
     assert failed.calib_residual_s is None and failed.calib_failed[calibrate.RESIDUAL] == "oom"
 
 
+def test_low_precision_gets_its_own_single_device_residual(gn_profile, tmp_path, monkeypatch):
+    """With bf16 searched, the single-device residual is measured again from real bf16 steps against the
+    bare block model; bf16 micro-steps then carry it and fp32 ones keep theirs.  Measured once: a
+    second calibration finds both; a failed bf16 run is remembered under its own key."""
+    from dataclasses import replace
+
+    from hetsim.hardware.cluster import parse_cluster
+    from hetsim.profiling.obtain import ProfileRequest
+    from hetsim.profiling.store import ProfileSet
+    from hetsim.types import Fit
+
+    wl, prof, dev = gn_profile
+    prof = replace(prof, calib_residual_s=None, calib_residual_low_s={})
+    cluster = parse_cluster("emu:1.0@4G")
+    bare = CostModel(cluster, ProfileSet(models={"emu-cpu": prof}, devices={"emu-cpu": dev}), wl.optimizer)
+    ran = []
+
+    def fake_measure(plan, **k):
+        ran.append((plan.precision, plan.local_batch[0]))
+        pred = DDP().predict(plan, bare)[0].step_time_s
+        extra = (0.2 + 0.001 * plan.local_batch[0]) if plan.precision == "bf16" else 0.05
+        return Measurement(status="ok", step_time_s=pred + extra)
+
+    monkeypatch.setattr(realruns, "measure", fake_measure)
+    req = ProfileRequest(root=tmp_path, global_batch=16, precisions=("fp32", "bf16"), repeats=1)
+    profiles = calibrate.calibrate_devices(cluster, wl, ProfileSet(models={"emu-cpu": prof}, devices={"emu-cpu": dev}),
+                                           req, lambda m: None)
+    after = profiles.models["emu-cpu"]
+    assert sorted({p for p, _ in ran}) == ["bf16", "fp32"] and len(ran) == 4
+    assert after.calib_residual_s.intercept == pytest.approx(0.05) and after.calib_residual_s.slope == pytest.approx(0)
+    low = after.calib_residual_low_s["bf16"]
+    assert low.intercept == pytest.approx(0.2) and low.slope == pytest.approx(0.001)
+    cost = CostModel(cluster, profiles, wl.optimizer)
+    assert cost.overhead_s(0, 8, precision="bf16") - cost.overhead_s(0, 8) == pytest.approx(0.208 - 0.05)
+    plan = DDPPlan(devices=(0,), local_batch=(8,), precision="bf16")
+    assert DDP().predict(plan, cost)[0].step_time_s == pytest.approx(DDP().predict(plan, bare)[0].step_time_s + 0.208)
+    ran.clear()
+    calibrate.calibrate_devices(cluster, wl, profiles, req, lambda m: None)
+    assert ran == []
+    monkeypatch.setattr(realruns, "measure", lambda *a, **k: Measurement(status="oom"))
+    failed = calibrate.calibrate_residual(cluster.devices[0], wl, replace(after, calib_residual_low_s={}), dev,
+                                          (2, 8, 16), lambda m: None, repeats=1, precision="bf16")
+    assert failed.calib_residual_low_s == {} and failed.calib_failed[f"{calibrate.RESIDUAL}:bf16"] == "oom"
+    assert failed.calib_residual_s == after.calib_residual_s and isinstance(failed.calib_residual_s, Fit)
+
+
 def test_uniform_terms_are_calibrated_at_the_searched_batch_when_it_fits(make_cost, gn_profile, tmp_path, monkeypatch):
     """The uniform plan of a data-parallel term runs at the search's global batch (what its baseline
     executes), or at the small batch when the search's is predicted not to fit."""
