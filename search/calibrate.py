@@ -2,7 +2,8 @@
 profiles what isolated block timings miss, each term recorded beside the profile it corrects.
 
 Eight terms, each measured once per profile (or per device group) and then reused: the single-device
-residual (the real data-parallel executor on one device at two batch sizes), the gradient
+residual (the real data-parallel executor on one device at two batch sizes, in fp32 and in each low
+precision searched), the gradient
 synchronisation of a uniform data-parallel step on the whole cluster and again at the split that
 balances the devices (`calibrate_sync_balanced`), what a uniform ZeRO-3 (FSDP),
 ZeRO-2 and ZeRO-1 step adds to it (`hetsim.search.calib_dataparallel`), the per-action overhead
