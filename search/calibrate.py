@@ -26,6 +26,7 @@ from dataclasses import replace
 
 from hetsim.strategies._coupled import GRAD_CACHE_CHOICES
 from hetsim.strategies.ddp import DDP, DDPPlan
+from hetsim.strategies.helpers import trains_in
 
 from hetsim.execution.warm import warm_launches
 from hetsim.hardware.cluster import Cluster
@@ -131,8 +132,8 @@ def _one_device(device) -> Cluster:
 
 
 def low_precisions(device, precisions) -> list[str]:
-    """The low precisions among `precisions` that `device` trains in (bf16 where supported; fp16 on CUDA)."""
-    return [p for p in precisions if (p == "bf16" and device.supports_bf16) or (p == "fp16" and device.backend == "cuda")]
+    """The low precisions among `precisions` that `device` trains in (bf16 where supported; fp16 on GPUs)."""
+    return [p for p in precisions if p != "fp32" and trains_in(device, p)]
 
 
 def calibrate_residual(device, workload, prof: ModelProfile, dev_prof: DeviceProfile, sizes, say: Say,

@@ -65,6 +65,7 @@ __all__ = [
     "ParamName",
     "param",
     "precision_ok",
+    "trains_in",
     "split_evenly",
     "train_step",
     "uneven_split",
@@ -130,7 +131,11 @@ def choose_accum(trial: optuna.Trial, ctx: SearchContext, name: ParamName) -> in
 
 def precision_ok(cost: CostModel, dev: int, precision: str) -> bool:
     """Whether cluster device `dev` can train in `precision` at all."""
-    d = cost.device(dev)
+    return trains_in(cost.device(dev), precision)
+
+
+def trains_in(d, precision: str) -> bool:
+    """Whether device `d` (a `hetsim.hardware.cluster.Device`) can train in `precision` at all."""
     if precision == "bf16":
         return d.supports_bf16
     if precision == "fp16":
