@@ -232,6 +232,12 @@ def test_low_precision_gets_its_own_single_device_residual(gn_profile, tmp_path,
     ran.clear()
     calibrate.calibrate_devices(cluster, wl, profiles, req, lambda m: None)
     assert ran == []
+    # A precision whose gradients the profile refuses (resnet50's BatchNorm under CPU bf16: cosine 0.18)
+    # has no plans to correct, and its plan would not validate: not run.
+    refused = replace(prof, grad_cosine={"bf16": 0.18}, calib_residual_s=Fit(intercept=0.0, slope=0.0))
+    out = calibrate.calibrate_devices(cluster, wl, ProfileSet(models={"emu-cpu": refused}, devices={"emu-cpu": dev}),
+                                      req, lambda m: None)
+    assert ran == [] and out.models["emu-cpu"].calib_residual_low_s == {}
     monkeypatch.setattr(realruns, "measure", lambda *a, **k: Measurement(status="oom"))
     failed = calibrate.calibrate_residual(cluster.devices[0], wl, replace(after, calib_residual_low_s={}), dev,
                                           (2, 8, 16), lambda m: None, repeats=1, precision="bf16")
