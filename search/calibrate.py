@@ -30,7 +30,7 @@ from hetsim.strategies.helpers import trains_in
 
 from hetsim.execution.warm import warm_launches
 from hetsim.hardware.cluster import Cluster
-from hetsim.model.costmodel import MIN_GRAD_COSINE, CostModel
+from hetsim.model.costmodel import CostModel, gradient_problem
 from hetsim.names import REPEATS
 from hetsim.profiling.obtain import (
     ProfileRequest,
@@ -107,7 +107,7 @@ def calibrate_devices(cluster: Cluster, workload, profiles: ProfileSet, req: Pro
             prof = calibrate_residual(dev, workload, prof, profiles.devices[kind], sizes, say, repeats=req.repeats)
             save(prof, model_profile_path(req.root, kind, workload.spec))
         for prec in low_precisions(dev, req.precisions):
-            if prof.grad_cosine.get(prec, 1.0) < MIN_GRAD_COSINE:
+            if gradient_problem(prof, prec):
                 continue  # the search refuses this precision's plans (BatchNorm under CPU autocast): none to correct
             if prec not in prof.calib_residual_low_s and f"{RESIDUAL}:{prec}" not in prof.calib_failed:
                 prof = calibrate_residual(dev, workload, prof, profiles.devices[kind], sizes, say, repeats=req.repeats,

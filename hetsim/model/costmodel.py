@@ -50,6 +50,17 @@ ZERO_RESIDUAL_FIELDS = {1: "zero1_residual_s", 2: "zero2_residual_s", 3: "shard_
 """`ModelProfile` field of each ZeRO stage's calibrated term."""
 
 
+def gradient_problem(prof, precision: str) -> str | None:
+    """Why `precision` must not train `prof`'s model on its device kind, from the gradient cosine
+    measured when profiling (a `ModelProfile`); None when it may (or nothing was measured)."""
+    cos = prof.grad_cosine.get(precision)
+    if cos is not None and cos < MIN_GRAD_COSINE:
+        return (f"{precision} autocast changes {prof.model}'s gradients on {prof.device_kind}: cosine "
+                f"{cos:.2f} to the fp32 gradient of the same batch (measured when profiling), below "
+                f"{MIN_GRAD_COSINE}; use fp32 (e.g. BatchNorm under CPU autocast)")
+    return None
+
+
 class CostModel:
     def __init__(self, cluster: Cluster, profiles: ProfileSet, optimizer: str = "adamw", *,
                  has_batchnorm: bool = False, batch_coupled: bool = False, logits_per_sample_sq: int = 0):
@@ -272,14 +283,7 @@ class CostModel:
     def precision_problem(self, devices, precision: str) -> str | None:
         """Why `precision` must not train this model on these devices, from the measured gradient
         cosine of each device kind's profile; None when it may (or nothing was measured)."""
-        for d in devices:
-            prof = self._scale[d][0]
-            cos = prof.grad_cosine.get(precision)
-            if cos is not None and cos < MIN_GRAD_COSINE:
-                return (f"{precision} autocast changes {prof.model}'s gradients on {prof.device_kind}: cosine "
-                        f"{cos:.2f} to the fp32 gradient of the same batch (measured when profiling), below "
-                        f"{MIN_GRAD_COSINE}; use fp32 (e.g. BatchNorm under CPU autocast)")
-        return None
+        return next((p for p in (gradient_problem(self._scale[d][0], precision) for d in devices) if p), None)
 
     def host_opt_s(self, dev: int, param_count: float) -> float:
         """Optimizer step on device dev's host CPU (CPU offload).  A GPU profile measures it; an
