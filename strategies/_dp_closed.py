@@ -205,7 +205,7 @@ def data_parallel_timing(cost: CostModel, devices: tuple[int, ...], local_batch:
     ends2 = [max(c, t) + o for c, o in zip(compute2, opts)] if ar else list(map(add, compute2, opts))
     if bcast is not None:
         t = max(t, max(ends2)) + bcast
-    period = max(0.0, max(max(ends2), t) - makespan1)
+    period = makespan1 if cost.step_barrier else max(0.0, max(max(ends2), t) - makespan1)
 
     breakdown = {"F": sum([st.fwd_s for st in steps]), "B": sum([st.bwd_s for st in steps])}
     if any(cpu_comm):

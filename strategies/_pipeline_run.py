@@ -201,15 +201,18 @@ class PipelineExecutor:
         return float(sum(float(v.detach()) for v in losses))
 
     def _sum_grads_over_replicas(self) -> None:
-        """One all-reduce of this rank's gradients, flattened, over the ranks holding the same stages."""
+        """All-reduce this rank's gradients over the ranks holding the same stages: one asynchronous
+        all-reduce per gradient, in place, all in flight at once.  Flattening them into one tensor
+        first and copying the sums back cost more than the all-reduce itself: measured here (gloo,
+        two processes, resnet18's 62 gradients, 46.8 MB), 30 ms for the all-reduce of a flat
+        tensor, 66-70 ms with the concatenation and the copies back (49-51 ms into a kept buffer),
+        42-47 ms for the per-gradient all-reduces."""
         params = [p for seq in self.seqs for p in seq.parameters() if p.requires_grad]
         for p in params:
-            if p.grad is None:  # every replica must contribute the same layout
+            if p.grad is None:  # every replica must contribute the same tensors
                 p.grad = torch.zeros_like(p)
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        dist.all_reduce(flat, group=self.dp_group)
-        for p, g in zip(params, torch.split(flat, [p.numel() for p in params])):
-            p.grad.copy_(g.view_as(p.grad))
+        for work in [dist.all_reduce(p.grad, group=self.dp_group, async_op=True) for p in params]:
+            work.wait()
 
     def measure_memory(self, fn):
         """Peak tensor bytes of one step by category (the worker calls this instead of measure_step)."""

@@ -354,7 +354,7 @@ def stage_state(cost: CostModel, lo: int, hi: int) -> tuple[int, int, int]:
 
 
 def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence[int], micro: int,
-                precision: str, ckpt: int, replicated: bool = False) -> MemoryBreakdown:
+                precision: str, ckpt: int) -> MemoryBreakdown:
     """Bytes one pipeline rank holds at its peak.
 
     Its stages' state (parameters, buffers, gradients, optimizer state) plus the largest of
@@ -365,9 +365,8 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
       a zero-bubble schedule's split backward keeps each stage's graph and its captured activation
       gradients from the input backward (I) to the weight backward (W);
     - the optimizer step, after every activation is freed: its temporaries
-      (`optimizer_step_temp_bytes`), which is where a late stage with small activations peaks;
-    - `replicated` (data-parallel replicas of the pipeline): the gradient sum over the replicas, one
-      flattened copy of the rank's gradients (`PipelineExecutor._sum_grads_over_replicas`).
+      (`optimizer_step_temp_bytes`), which is where a late stage with small activations peaks.
+    Data-parallel replicas of the pipeline sum the gradients in place (`PipelineExecutor._sum_grads_over_replicas`).
     """
 
     stages = sorted({a.stage for a in actions})
@@ -429,8 +428,6 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
     split = any(a.kind == "W" for a in actions)
     held = waiting = 0.0
     best = (0.0, float(optimizer_step_temp_bytes(cost.optimizer, numels)))  # (activations, other)
-    if replicated and grads > best[1]:
-        best = (0.0, float(grads))
     for a in actions:
         s = a.stage
         # torch skips the first stage's input backward (its input needs no gradient) and runs its
@@ -471,8 +468,7 @@ def replicas_memory(cost: CostModel, schedule: str, n_ranks: int, boundaries: Se
     """`rank_memory` of every rank of data-parallel replicas of one pipeline of `n_ranks` ranks,
     replica by replica (replica i's micro-batches hold `micros[i]` samples)."""
     acts = rank_actions(schedule, n_ranks, m, (len(boundaries) - 1) // max(1, n_ranks))
-    return tuple(rank_memory(cost, acts[k % n_ranks], boundaries, micros[k // n_ranks], precision, ckpt,
-                             replicated=len(micros) > 1)
+    return tuple(rank_memory(cost, acts[k % n_ranks], boundaries, micros[k // n_ranks], precision, ckpt)
                  for k in range(n_ranks * len(micros)))
 
 

@@ -295,7 +295,7 @@ class Strategy(ABC):
         timing = self.step_timing(plan, cost)
         if timing is None:
             g = self.graph(plan, cost)
-            timing = self._timing_of(plan, cost, g, run_steady(g))
+            timing = self._timing_of(plan, cost, g, run_steady(g, cost.step_barrier))
         return self._prediction(plan, cost, timing)
 
     def predict(self, plan: Plan, cost: CostModel) -> Predicted:
@@ -303,7 +303,7 @@ class Strategy(ABC):
         against every device's capacity), with the first step's schedule and task graph."""
         self.validate(plan, cost)
         g = self.graph(plan, cost)
-        steady = run_steady(g)
+        steady = run_steady(g, cost.step_barrier)
         return Predicted(self._prediction(plan, cost, self._timing_of(plan, cost, g, steady)), steady.step, g)
 
     def _timing_of(self, plan: Plan, cost: CostModel, g: TaskGraph, steady: SteadyRun) -> StepTiming:

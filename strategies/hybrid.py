@@ -309,7 +309,7 @@ class Hybrid(Strategy):
         g = replicas_graph(cost, [every[i] for i in chosen], plan.boundaries, plan.schedule, m,
                            [plan.replica_batch[i] // m for i in chosen], plan.precision, plan.checkpoint_blocks,
                            all_replicas=every)
-        steady = run_steady(g)
+        steady = run_steady(g, cost.step_barrier)
         busy_of = steady.step.busy_by_resource(g, TaskKind.COMPUTE)
         weight: dict[str, int] = {}  # a representative's resources stand for its whole class
         for i in chosen:

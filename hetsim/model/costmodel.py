@@ -85,6 +85,9 @@ class CostModel:
         self._param_total = sum(b.param_count for b in self.base_profile.blocks)
         self._memo: dict[tuple, Any] = {}
         self._tables: dict[str, dict] = {}
+        self.step_barrier = cluster.emulated
+        """Every step of a real run starts together on every rank (an emulated cluster's runs time the
+        host-speed probe first, `RunProbe`): a step is one step's makespan (`run_steady`'s `barrier`)."""
 
     def memo(self, key: tuple, compute: Callable[[], T]) -> T:
         """`compute()`, once per key: what is derived from this model never changes (cluster and

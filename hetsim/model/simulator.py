@@ -188,20 +188,26 @@ class SteadyRun:
     step: Schedule
     """The first step alone (what a timeline shows)."""
     period_s: float
-    """Time from the end of one step to the end of the next when steps repeat without a barrier."""
+    """Time from the end of one step to the end of the next (`run_steady`)."""
 
 
-def run_steady(graph: TaskGraph) -> SteadyRun:
+def run_steady(graph: TaskGraph, barrier: bool = False) -> SteadyRun:
     """Two copies of a step's graph, the second after the first on every resource in program order,
-    as a real run repeats its step: no barrier between steps, so a rank starts its next step once
+    as a real run repeats its step.  Without a barrier between steps a rank starts its next step once
     its own last task is done (a pipeline rank whose optimizer step is long overlaps it with its
-    peers' next forward: measured on resnet18@64, model parallel bf16 on ranks x1 and x0.5, 0.377 s
-    per step, where one step alone simulates 0.428 s and two in a row 0.391 s).  What ends a step
-    on a shared resource with nothing after it (ZeroRedundancyOptimizer's parameter broadcast) is
-    a collective every rank waits for: the next step's tasks start after it.
+    peers' next forward).  What ends a step on a shared resource with nothing after it
+    (ZeroRedundancyOptimizer's parameter broadcast) is a collective every rank waits for: the next
+    step's tasks start after it.
 
     The measured step of a real run is the period: from the end of the first step to the end of
-    the second."""
+    the second.  With `barrier` (every step starts together: an emulated cluster's runs, where rank 0
+    times the host-speed probe alone while the other ranks wait, `hetsim.profiling.hostspeed.RunProbe`)
+    it is one step's makespan instead.  Measured (resnet18@64, hybrid 2x1 GPipe m=2, 26 and 6
+    samples on ranks x1 and x0.5): the ranks' steps took 0.48-0.49 and 0.54 s; one step alone
+    simulates them ending at 0.46 and 0.51 s, the period without a barrier 0.47 s."""
+    if barrier:
+        one = run_graph(graph)
+        return SteadyRun(step=one, period_s=one.makespan_s)
     n = len(graph.tasks)
     used = {d for t in graph.tasks for d in t.deps}
     shared_sinks = [t.tid for t in graph.tasks if t.tid not in used and not Resource.is_device(t.resource)]

@@ -126,3 +126,14 @@ def test_zero1_closed_form_carries_its_calibrated_term():
     before = zero.evaluate(plan, ctx.cost).step_time_s
     _assert_same(zero, plan, cost2)
     assert zero.evaluate(plan, cost2).step_time_s > before
+
+
+def test_emulated_runs_step_at_a_barrier_and_gpus_back_to_back():
+    """What a prediction times: one step's makespan where real runs start every step together (an
+    emulated cluster's probed runs), the steady period elsewhere; the golden cases have both."""
+    seen = set()
+    for case in CASES:
+        cost = golden._context(case, golden.RESULTS).cost
+        assert cost.step_barrier == cost.cluster.emulated == case.cluster.startswith("emu")
+        seen.add(cost.step_barrier)
+    assert seen == {True, False}

@@ -54,6 +54,17 @@ def test_steady_period_overlaps_a_long_optimizer_step_with_the_next_step():
     assert s.period_s == pytest.approx(7.0)
 
 
+def test_steps_that_start_at_a_barrier_take_one_step_s_makespan():
+    """An emulated cluster's runs start every step together (rank 0 times the host probe while the
+    others wait), so rank 1's long optimizer step is not hidden behind rank 0's next forward."""
+    g = TaskGraph()
+    _two_rank_step(g)
+    s = run_steady(g, barrier=True)
+    assert s.step.makespan_s == pytest.approx(8.0)
+    assert s.period_s == pytest.approx(8.0)
+    assert run_steady(g).step.end_s == s.step.end_s  # the same first step either way
+
+
 def test_steady_period_waits_for_a_collective_that_ends_the_step():
     g = TaskGraph()
     _two_rank_step(g)
