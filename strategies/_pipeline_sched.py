@@ -309,6 +309,18 @@ def _compute_key(a: Action) -> tuple:
     return ({"F": "F", "B": "I", "I": "I", "W": "W"}[a.kind], a.stage, a.mb)
 
 
+def replica_allreduce_s(cost: CostModel, nbytes: float, group: tuple[int, ...]) -> float:
+    """The all-reduce of `nbytes` of gradients across the replicas of a pipeline: the collective's
+    model plus the data-parallel synchronisation term calibrated on a real uniform step
+    (`CostModel.sync_residual_s`), in proportion to the share of the model's gradients it sums.
+    Measured (resnet18@64, hybrid 2x1 on the default cluster, the rank that finishes its schedule
+    last): the all-reduces of 46.8 MB took 0.09-0.12 s in the step where the collective model reads
+    0.035 s, and that recording's data-parallel term was 0.066 s."""
+    total = cost.memo(("param_bytes",), cost.param_bytes)
+    share = nbytes / total if total > 0 else 1.0
+    return cost.allreduce_s(nbytes, group) + cost.sync_residual_s(group) * share
+
+
 def replicas_graph(cost: CostModel, replica_devices: Sequence[Sequence[int]], boundaries: Sequence[int],
                    schedule: str, m: int, micros: Sequence[int], precision: str, ckpt: int,
                    all_replicas: Sequence[Sequence[int]] | None = None) -> TaskGraph:
@@ -335,7 +347,7 @@ def replicas_graph(cost: CostModel, replica_devices: Sequence[Sequence[int]], bo
         reduced = []
         if len(everyone) > 1:
             nbytes = sum(cost.param_bytes(boundaries[s], boundaries[s + 1]) for s in mine)
-            reduced.append(g.add(Resource.group(r), TaskKind.ALLREDUCE, cost.allreduce_s(nbytes, group),
+            reduced.append(g.add(Resource.group(r), TaskKind.ALLREDUCE, replica_allreduce_s(cost, nbytes, group),
                                  [tasks[i].last[r] for i in range(R)],
                                  label=f"allreduce stages {','.join(map(str, mine))}"))
         for i in range(R):

@@ -38,6 +38,7 @@ from ._pipeline_sched import (
     divisors,
     inflight_counts,
     rank_actions,
+    replica_allreduce_s,
     replicas_graph,
     replicas_memory,
     stage_devices,
@@ -110,7 +111,7 @@ def _tail(cost: CostModel, group: tuple[int, ...]):
     def tail(s: int, lo: int, hi: int, dev: int) -> float:
         if s:
             return 0.0
-        return cost.allreduce_s(cost.param_bytes(lo, hi), group) + cost.opt_s(dev, cost.param_count(lo, hi))
+        return replica_allreduce_s(cost, cost.param_bytes(lo, hi), group) + cost.opt_s(dev, cost.param_count(lo, hi))
 
     return tail
 

@@ -91,3 +91,21 @@ def test_search_space_gives_real_hybrids_and_says_when_the_cluster_has_none():
     assert ok >= 36, reasons  # memory is ample here: every trial should be a plan
     small = SearchContext(cost=synthetic_cost([1.0, 0.5], [1e-3] * 4), global_batch=32)
     assert "at least 4 devices" in HYB.unavailable(small)
+
+
+def test_replica_all_reduce_carries_the_calibrated_sync_term_by_its_share():
+    """The gradient all-reduce across replicas takes the collective's model plus the data-parallel
+    synchronisation term a real step calibrated, in proportion to the gradients it sums (the recorded
+    emu-default profiles carry a term for their device pair)."""
+    from hetsim.search import golden
+    from hetsim.strategies._pipeline_sched import replica_allreduce_s
+
+    cost = golden._context(golden.CASES[0], golden.RESULTS).cost
+    group = (0, 1)
+    term = cost.sync_residual_s(group)
+    assert term > 0
+    whole = cost.param_bytes()
+    assert replica_allreduce_s(cost, whole, group) == pytest.approx(cost.allreduce_s(whole, group) + term)
+    half = whole / 2
+    assert replica_allreduce_s(cost, half, group) == pytest.approx(cost.allreduce_s(half, group) + term / 2)
+    assert replica_allreduce_s(cost, whole, (0,)) == 0.0  # one replica sums nothing
