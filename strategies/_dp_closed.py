@@ -195,17 +195,20 @@ def data_parallel_timing(cost: CostModel, devices: tuple[int, ...], local_batch:
         t = max(t, max(ends1)) + bcast
     comm1 = t
     makespan1 = max(max(ends1), comm1)
-    # Step 2: each resource goes on from where it left step 1; ZeRO-1's broadcast ends step 1 for every rank.
-    starts = [max(e, comm1) for e in ends1] if bcast is not None else ends1
-    for r, dur in zip(ready, ar):
-        t = max(t, max(map(add, starts, r))) + dur
-    if ar and sync:
-        t += sync
-    compute2 = list(map(add, starts, compute))
-    ends2 = [max(c, t) + o for c, o in zip(compute2, opts)] if ar else list(map(add, compute2, opts))
-    if bcast is not None:
-        t = max(t, max(ends2)) + bcast
-    period = makespan1 if cost.step_barrier else max(0.0, max(max(ends2), t) - makespan1)
+    if cost.step_barrier:  # every step starts together: the step is step 1's makespan
+        period = makespan1
+    else:
+        # Step 2: each resource goes on from where it left step 1; ZeRO-1's broadcast ends step 1 for every rank.
+        starts = [max(e, comm1) for e in ends1] if bcast is not None else ends1
+        for r, dur in zip(ready, ar):
+            t = max(t, max(map(add, starts, r))) + dur
+        if ar and sync:
+            t += sync
+        compute2 = list(map(add, starts, compute))
+        ends2 = [max(c, t) + o for c, o in zip(compute2, opts)] if ar else list(map(add, compute2, opts))
+        if bcast is not None:
+            t = max(t, max(ends2)) + bcast
+        period = max(0.0, max(max(ends2), t) - makespan1)
 
     breakdown = {"F": sum([st.fwd_s for st in steps]), "B": sum([st.bwd_s for st in steps])}
     if any(cpu_comm):
