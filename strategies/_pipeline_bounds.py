@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from hetsim.errors import InfeasiblePlanError
 
-from ._pipeline_sched import stage_state
+from ._pipeline_memory import stage_state
 
 if TYPE_CHECKING:
     from hetsim.model.costmodel import CostModel

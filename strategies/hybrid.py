@@ -9,7 +9,7 @@ stages' gradients over the group of ranks holding the same stages (see _pipeline
 why not DDP).
 
 Inner choices are solved, not sampled: for a batch split, the boundaries by the exact DP
-of `_pipeline_sched.solve_boundaries` (each stage timed on its slowest replica); for
+of `_pipeline_bounds.solve_boundaries` (each stage timed on its slowest replica); for
 boundaries, the batch split by an exact min-max greedy over whole micro-batch units.  The
 two alternate from an even split until the split stops changing (at most 4 rounds), and
 the best pair by the analytic step time is kept.
@@ -33,6 +33,7 @@ from ._pipeline_bounds import (
     solve_boundaries,
     step_elements,
 )
+from ._pipeline_memory import replicas_memory
 from ._pipeline_run import PipelineExecutor
 from ._pipeline_sched import (
     divisors,
@@ -40,7 +41,6 @@ from ._pipeline_sched import (
     rank_actions,
     replica_allreduce_s,
     replicas_graph,
-    replicas_memory,
     stage_devices,
     stage_rank,
 )

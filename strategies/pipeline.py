@@ -3,7 +3,7 @@
 Optuna picks the devices, their order, the schedule, the stages per rank and the
 number of micro-batches; the stage boundaries that minimise the step time under
 every device's memory cap are then computed exactly by dynamic programming
-(`_pipeline_sched.solve_boundaries`).  Model parallelism as people write it by hand
+(`_pipeline_bounds.solve_boundaries`).  Model parallelism as people write it by hand
 is the one-micro-batch case (GPipe, m = 1), and its label says "model parallel".
 
 Simulation times the per-rank action lists the executor's torch schedule runs;
@@ -34,6 +34,7 @@ from ._pipeline_bounds import (
     optimizer_tail,
     solve_boundaries,
 )
+from ._pipeline_memory import replicas_memory
 from ._pipeline_run import PipelineExecutor
 from ._pipeline_sched import (
     SINGLE_STAGE,
@@ -45,7 +46,6 @@ from ._pipeline_sched import (
     inflight_counts,
     rank_actions,
     replicas_graph,
-    replicas_memory,
     stage_devices,
     stage_rank,
 )

@@ -234,7 +234,8 @@ def test_pipeline_rank_peaks_in_the_optimizer_step_when_its_activations_are_smal
     parameter (foreach=False), which MemTracker showed on the last resnet50 stage (18 MiB)."""
     from dataclasses import replace
 
-    from hetsim.strategies._pipeline_sched import rank_actions, rank_memory
+    from hetsim.strategies._pipeline_memory import rank_memory
+    from hetsim.strategies._pipeline_sched import rank_actions
     from pipeline_synth import synthetic_cost
 
     from hetsim.model.costmodel import CostModel
@@ -286,7 +287,8 @@ def test_zero_bubble_keeps_split_gradients_from_input_to_weight_backward():
     backward.  The weight backward's transient is one parameter group, about the largest parameter."""
     from dataclasses import replace
 
-    from hetsim.strategies._pipeline_sched import rank_actions, rank_memory
+    from hetsim.strategies._pipeline_memory import rank_memory
+    from hetsim.strategies._pipeline_sched import rank_actions
     from pipeline_synth import synthetic_cost
 
     from hetsim.model.costmodel import CostModel
@@ -320,7 +322,7 @@ def test_pipeline_replicas_sum_their_gradients_in_place():
     """Data-parallel replicas of a pipeline all-reduce each gradient in place
     (`_sum_grads_over_replicas`): a replica holds what the same rank of a lone pipeline holds, where a
     flattened copy of the gradients used to set the peak of a rank with small activations."""
-    from hetsim.strategies._pipeline_sched import replicas_memory
+    from hetsim.strategies._pipeline_memory import replicas_memory
     from pipeline_synth import synthetic_cost
 
     cost = synthetic_cost([1.0, 1.0], [1e-3] * 2, param_counts=[100_000, 100_000], act_bytes=[1.0, 1.0])
@@ -339,7 +341,8 @@ def test_only_the_last_pipeline_stage_holds_the_loss():
     (2.9 MiB of temporaries measured on the rank without the head, 16.8 predicted before)."""
     from dataclasses import replace
 
-    from hetsim.strategies._pipeline_sched import rank_actions, rank_memory
+    from hetsim.strategies._pipeline_memory import rank_memory
+    from hetsim.strategies._pipeline_sched import rank_actions
     from pipeline_synth import synthetic_cost
 
     from hetsim.model.costmodel import CostModel

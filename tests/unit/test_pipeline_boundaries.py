@@ -13,11 +13,8 @@ from hetsim.strategies._pipeline_bounds import (
     optimizer_tail,
     step_elements,
 )
-from hetsim.strategies._pipeline_sched import (
-    inflight_counts,
-    rank_actions,
-    stage_state,
-)
+from hetsim.strategies._pipeline_memory import stage_state
+from hetsim.strategies._pipeline_sched import inflight_counts, rank_actions
 from pipeline_synth import synthetic_cost
 
 from hetsim import strategies

@@ -1,0 +1,150 @@
+"""What one pipeline rank holds at its peak, from its schedule's action list (`_pipeline_sched`):
+its stages' state, the activations of the micro-batches in flight, a backward's temporaries and a
+zero-bubble schedule's captured gradients, the loss stage's logits, the optimizer step's temporaries.
+Shared by the `pipeline` and `hybrid` families."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from hetsim.model.memory import (
+    LOSS_KEPT_COPIES,
+    block_activations,
+    largest_param_bytes,
+    loss_temporaries_bytes,
+    optimizer_step_temp_bytes,
+    split_grad_bytes,
+    temporaries_bytes,
+)
+from hetsim.types import MemoryBreakdown
+
+from ._pipeline_sched import Action, rank_actions
+
+if TYPE_CHECKING:
+    from hetsim.model.costmodel import CostModel
+
+
+def stage_state(cost: CostModel, lo: int, hi: int) -> tuple[int, int, int]:
+    """(parameters + buffers, gradients, optimizer state) bytes of blocks lo..hi."""
+    p = cost.param_bytes(lo, hi)
+    return p + cost.buffer_bytes(lo, hi), p, cost.optim_state_bytes(cost.param_count(lo, hi))
+
+
+def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence[int], micro: int,
+                precision: str, ckpt: int) -> MemoryBreakdown:
+    """Bytes one pipeline rank holds at its peak.
+
+    Its stages' state (parameters, buffers, gradients, optimizer state) plus the largest of
+    - during an action, the activations of the micro-batches in flight (each stage keeps what its
+      blocks save, boundary tensors shared by adjacent blocks counted once, as `hetsim.model.memory`
+      models a whole step); during a backward, the stage's blocks sweep like a whole model's
+      (block k holds all it saved or recomputes) plus the calibrated temporaries of a backward;
+      a zero-bubble schedule's split backward keeps each stage's graph and its captured activation
+      gradients from the input backward (I) to the weight backward (W);
+    - the optimizer step, after every activation is freed: its temporaries
+      (`optimizer_step_temp_bytes`), which is where a late stage with small activations peaks.
+    Data-parallel replicas of the pipeline sum the gradients in place (`PipelineExecutor._sum_grads_over_replicas`).
+    """
+
+    stages = sorted({a.stage for a in actions})
+    ba = block_activations(cost, micro, precision, ckpt)
+    params = grads = optim = 0
+    kept: dict[int, float] = {}
+    sweep: dict[int, float] = {}
+    numels: list[int] = []
+    wgrad: dict[int, float] = {}
+    pending: dict[int, float] = {}
+    grad_sweep: dict[int, float] = {}
+    for s in stages:
+        lo, hi = boundaries[s], boundaries[s + 1]
+        p, gr, o = stage_state(cost, lo, hi)
+        params, grads, optim = params + p, grads + gr, optim + o
+        # The stage's first block saves the received input: its own storage, not a shared one.
+        k_s = [ba.kept[k] + (ba.shared[k] if k == lo else 0.0) for k in range(lo, hi)]
+        f_s = [ba.full[k] + (ba.shared[k] if k == lo else 0.0) for k in range(lo, hi)]
+        kept[s] = sum(k_s)
+        # A block's backward also holds its internal activation gradients (split_grad_bytes): where
+        # a block with large activations runs its backward late (a checkpointed early stage
+        # recomputing them), they, not the whole model's calibrated temporaries, set the peak.
+        g_s = [split_grad_bytes(cost, k, k + 1, micro, precision) for k in range(lo, hi)]
+        before = worst = worst_g = 0.0
+        for k_b, f_b, g_b in zip(k_s, f_s, g_s):
+            worst = max(worst, before + f_b)
+            worst_g = max(worst_g, before + f_b + g_b)
+            before += k_b
+        sweep[s] = max(0.0, worst - kept[s])
+        grad_sweep[s] = max(0.0, worst_g - worst)
+        numels += [n for b in cost.base_profile.blocks[lo:hi] for n in b.param_numels]
+        wgrad[s] = float(largest_param_bytes(cost, lo, hi))
+        # What a split backward keeps from I to W: the received output gradient (none on the last
+        # stage) and, past the first stage, the parameter groups' captured activation gradients and
+        # the input's gradient that stage_backward_input leaves on the input (`inp.grad`).  The
+        # retained graph itself is in `kept`.
+        blocks = cost.base_profile.blocks
+        pending[s] = (float(blocks[hi - 1].out_bytes_per_sample * micro) if hi < boundaries[-1] else 0.0) + (
+            sum(g_s) + blocks[lo - 1].out_bytes_per_sample * micro if s > 0 else 0.0)
+    # The calibrated temporaries of a whole model's backward include the gradient of its largest
+    # parameter before accumulation: a stage's backward has its own largest instead, and an input
+    # backward computes no parameter gradient at all.
+    grad_temp = float(largest_param_bytes(cost))
+    temps = max(0.0, temporaries_bytes(cost, micro, precision) - grad_temp)
+    # Only the stage that holds the model's last block computes the loss: it keeps the output and the
+    # loss's saved tensors from forward to backward, and its backward has the rest of the loss's
+    # temporaries; the other stages have none of them (a transformer's logits dominate a whole
+    # step's temporaries: on a bert pipeline the rank without the head measured 2.9 MiB of
+    # temporaries where the whole-model figure was 16.8).  The loss's saved tensors are freed by the
+    # stage's first backward (a split backward's input backward): bert InterleavedZeroBubble, 2 x 16
+    # samples, measured 50.2 MiB of activations on the head's rank where keeping them to the weight
+    # backward predicted 66.1.
+    last = next((s for s in stages if boundaries[s + 1] == boundaries[-1]), None)
+    stage_temps = {s: max(0.0, temps - loss_temporaries_bytes(cost, micro)) for s in stages}
+    loss_kept = {s: 0.0 for s in stages}
+    if last is not None:
+        loss_kept[last] = loss_temporaries_bytes(cost, micro, LOSS_KEPT_COPIES)
+        stage_temps[last] = max(0.0, temps - loss_kept[last])
+    split = any(a.kind == "W" for a in actions)
+    held = waiting = 0.0
+    best = (0.0, float(optimizer_step_temp_bytes(cost.optimizer, numels)))  # (activations, other)
+    for a in actions:
+        s = a.stage
+        # torch skips the first stage's input backward (its input needs no gradient) and runs its
+        # weight backward as one full backward.
+        full_backward = a.kind == "B" or (a.kind == "W" and s == 0)
+        input_backward = a.kind == "I" and s > 0
+        if a.kind == "F":
+            held += kept[s] + loss_kept[s]
+            phase = (held, waiting)
+        elif full_backward:  # a backward sweeps the stage
+            phase = (held + sweep[s], waiting + max(stage_temps[s], grad_sweep[s]) + wgrad[s])
+        elif input_backward:
+            phase = (held + sweep[s], waiting + max(stage_temps[s], grad_sweep[s]))
+        elif a.kind == "I":
+            phase = (held, waiting)
+        else:
+            # stage_backward_weight asks autograd for one parameter group's gradients at a time (the
+            # parameters sharing a graph node: a convolution's weight, a norm's weight and bias) and
+            # adds them into .grad: the fresh group, about the stage's largest parameter, is the
+            # transient (MemTracker: 7.9 MiB on the last resnet50 stage, whose largest weight is 9 MiB).
+            phase = (held, waiting + wgrad[s])
+        if sum(phase) > sum(best):
+            best = phase
+        if full_backward or input_backward:  # the stage's first backward of this micro-batch
+            held -= loss_kept[s]
+        if a.kind == "I":
+            waiting += pending[s]
+        if a.kind == ("W" if split else "B"):
+            held -= kept[s]
+            if split:
+                waiting -= pending[s]
+    return MemoryBreakdown(params_bytes=params, grads_bytes=grads, optim_bytes=optim,
+                           activations_bytes=int(best[0]), other_bytes=int(best[1]))
+
+
+def replicas_memory(cost: CostModel, schedule: str, n_ranks: int, boundaries: Sequence[int], m: int,
+                    micros: Sequence[int], precision: str, ckpt: int) -> tuple[MemoryBreakdown, ...]:
+    """`rank_memory` of every rank of data-parallel replicas of one pipeline of `n_ranks` ranks,
+    replica by replica (replica i's micro-batches hold `micros[i]` samples)."""
+    acts = rank_actions(schedule, n_ranks, m, (len(boundaries) - 1) // max(1, n_ranks))
+    return tuple(rank_memory(cost, acts[k % n_ranks], boundaries, micros[k // n_ranks], precision, ckpt)
+                 for k in range(n_ranks * len(micros)))
