@@ -2,6 +2,8 @@
 
     python -m hetsim.search.golden            # compute every case, compare with results/golden/*.json, print the diff
     python -m hetsim.search.golden --write    # rewrite the golden files (what `nox -s regen` runs)
+    python -m hetsim.search.golden --replay results/bench/fidelity.json --root results
+                                              # a bench run predicted again by the current cost model
 
 A case is a cluster, a workload and a seeded, in-memory Optuna search over the
 strategy families, simulated from the profiles recorded under
@@ -154,6 +156,34 @@ def recorded_profiles(root: Path, model_spec: str, kind: str = REFERENCE_KIND):
         )
     comm = {c.world_size: c for c in (load(CommProfile, p) for p in comms)}
     return ProfileSet(models={kind: load(ModelProfile, model)}, devices={kind: load(DeviceProfile, device)}, comm=comm)
+
+
+def replay(fidelity: dict, root: Path) -> list[dict]:
+    """The executed plans of a fidelity run (`nox -s bench`'s fidelity.json) predicted again by the
+    current cost model from the profiles recorded under root/profiles/, beside the run's measurements:
+    the records of `accuracy_of` with fresh predictions.  A bench run whose profiles are kept (see
+    results/README.md) is a dataset on which a cost-model change can be judged without running anything."""
+    wl = workload_from_spec(fidelity["model"], fidelity["optimizer"])
+    cluster = dataclasses.replace(parse_cluster(fidelity["cluster"]), host_memory_bytes=HOST_MEMORY_BYTES)
+    cost = CostModel(cluster, recorded_profiles(root, fidelity["model"]), wl.optimizer,
+                     has_batchnorm=wl.has_batchnorm, batch_coupled=wl.batch_coupled)
+    out = []
+    for r in fidelity["plans"]:
+        if r["status"] != "ok":
+            continue
+        plan = strategies.plan_from_dict(r["plan"])
+        pred, _, _ = strategies.get(plan.strategy).predict(plan, cost)
+        out.append(dict(r, pred_step_time_s=pred.step_time_s, pred_peak_mem_bytes=list(pred.peak_mem_bytes)))
+    return out
+
+
+def _print_replay(fidelity_path: Path, records: list[dict], root: Path) -> None:
+    acc = accuracy_of(records)
+    print(f"{fidelity_path} replayed from {root / 'profiles'}: step-time MAPE {acc.step_time_mape:.4f} "
+          f"(max {acc.step_time_max_err:.3f}), peak-memory MAPE {acc.peak_mem_mape:.4f}, "
+          f"Kendall tau {acc.kendall_tau:.3f}, top-1 regret {acc.top1_regret:.1%} over {acc.n_plans} plans")
+    for r in records:
+        print(f"  {rel_err(r['pred_step_time_s'], r['meas_step_time_s']):+7.1%}  {r['label']}")
 
 
 # ----------------------------------------------------------------------------- cases
@@ -354,8 +384,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--write", action="store_true", help="rewrite the golden files with what is computed now")
     p.add_argument("--root", default=str(RESULTS), help="results folder holding profiles/ and golden/")
     p.add_argument("--case", action="append", default=None, help="only this case (repeatable)")
+    p.add_argument("--replay", metavar="FIDELITY_JSON", default=None,
+                   help="instead: predict a bench run's executed plans again from the profiles under --root "
+                        "and print each plan's error against its measurement")
     args = p.parse_args(argv)
     root = Path(args.root)
+    if args.replay is not None:
+        try:
+            records = replay(json.loads(Path(args.replay).read_text()), root)
+        except (HetsimError, OSError, KeyError, ValueError) as e:
+            print(f"hetsim.search.golden: error: cannot replay {args.replay} from {root / 'profiles'}: {e}; "
+                  "give a fidelity.json written by `nox -s bench` and the folder holding its profiles/",
+                  file=sys.stderr)
+            return 2
+        _print_replay(Path(args.replay), records, root)
+        return 0
     cases = [c for c in CASES if args.case is None or c.name in args.case]
     if args.case and len(cases) != len(args.case):
         known = ", ".join(c.name for c in CASES)

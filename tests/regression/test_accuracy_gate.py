@@ -15,13 +15,10 @@ longer matches the ones the fidelity run recorded, is a failure that says what t
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
 from hetsim.search import golden
-
-from hetsim import strategies
 
 FIDELITY = golden.RESULTS / "bench" / "fidelity.json"
 
@@ -47,10 +44,6 @@ def test_recorded_pairs_within_bound(fidelity):
 
 
 def test_current_cost_model_on_recorded_measurements(fidelity):
-    from hetsim.hardware.cluster import parse_cluster
-    from hetsim.model.costmodel import CostModel
-    from hetsim.workloads.builtin import workload_from_spec
-
     now = golden.profile_digests(golden.RESULTS, fidelity["model"])
     changed = sorted(k for k in set(now) | set(fidelity["profiles"]) if now.get(k) != fidelity["profiles"].get(k))
     assert not changed, (
@@ -58,17 +51,7 @@ def test_current_cost_model_on_recorded_measurements(fidelity):
         "differs), so its measurements belong to other profiles and nothing checks the cost model against real "
         "runs; record both together (`rm -r results/profiles/emu-cpu && nox -s bench`, see results/README.md) "
         "or restore the profiles with `git checkout results/profiles`")
-    wl = workload_from_spec(fidelity["model"], fidelity["optimizer"])
-    cluster = dataclasses.replace(parse_cluster(fidelity["cluster"]), host_memory_bytes=golden.HOST_MEMORY_BYTES)
-    cost = CostModel(cluster, golden.recorded_profiles(golden.RESULTS, fidelity["model"]), wl.optimizer,
-                     has_batchnorm=wl.has_batchnorm, batch_coupled=wl.batch_coupled)
-    replayed = []
-    for r in fidelity["plans"]:
-        if r["status"] != "ok":
-            continue
-        plan = strategies.plan_from_dict(r["plan"])
-        pred, _, _ = strategies.get(plan.strategy).predict(plan, cost)
-        replayed.append(dict(r, pred_step_time_s=pred.step_time_s, pred_peak_mem_bytes=list(pred.peak_mem_bytes)))
+    replayed = golden.replay(fidelity, golden.RESULTS)
     acc = golden.accuracy_of(replayed)
     worst = sorted(replayed, key=lambda r: -abs(golden.rel_err(r["pred_step_time_s"], r["meas_step_time_s"])))[:3]
     detail = "; ".join(f"{r['label']}: {golden.rel_err(r['pred_step_time_s'], r['meas_step_time_s']):+.1%}"
@@ -81,3 +64,15 @@ def test_current_cost_model_on_recorded_measurements(fidelity):
         f"the current cost model's peak-memory MAPE on the recorded runs is {acc.peak_mem_mape:.3f} "
         f"> {golden.PEAK_MEM_MAPE_MAX}"
     )
+
+
+def test_replay_cli_prints_every_plan_and_refuses_a_missing_run(fidelity, capsys, tmp_path):
+    assert golden.main(["--replay", str(FIDELITY), "--root", str(golden.RESULTS)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    acc = golden.accuracy_of(golden.replay(fidelity, golden.RESULTS))
+    assert f"step-time MAPE {acc.step_time_mape:.4f}" in lines[0]
+    assert len(lines) == 1 + sum(r["status"] == "ok" for r in fidelity["plans"])
+    missing = tmp_path / "missing.json"
+    assert golden.main(["--replay", str(missing), "--root", str(golden.RESULTS)]) == 2
+    err = capsys.readouterr().err
+    assert str(missing) in err and "nox -s bench" in err and err.count("\n") == 1
