@@ -218,7 +218,8 @@ class CostModel:
         """Calibrated extra time of every compute action of a pipeline schedule on this cluster at micro-batch
         mb (0 when not calibrated): torch.distributed.pipelining's per-action work, waits for peers, p2p and
         contention, as two real pipeline runs measured it (`hetsim.search.calib_modelparallel.calibrate_pipeline`).  May be
-        negative: it corrects the block timings too."""
+        negative: it corrects the block timings too.  Those runs are one-stage-per-rank schedules, and only such
+        schedules carry it (`hetsim.strategies._pipeline_sched.action_term_applies`)."""
         def fits():
 
             key = group_key(self.cluster.devices)

@@ -36,6 +36,19 @@ def test_every_compute_action_carries_the_calibrated_term():
     assert 0.10 - 1e-9 <= d <= 0.16 + 1e-9
 
 
+@pytest.mark.parametrize("schedule", ["Interleaved1F1B", "ZBVZeroBubble"])
+def test_multi_stage_schedules_do_not_carry_the_single_stage_term(schedule):
+    # The term is fitted on GPipe/1F1B, whose torch schedules wait on every send; torch's runtime for
+    # multi-stage schedules waits on sends only at the end of the step (action_term_applies).
+    cost = synthetic_cost([1.0, 0.5], [1e-3] * 8)
+    plan = PIPE.solve(cost, (0, 1), schedule=schedule, stages_per_rank=2, microbatches=2, batch=16)
+    with_term = _with_action_s(cost, 0.01, 1e-3)
+    assert [t.duration_s for t in PIPE.graph(plan, with_term).tasks] == [t.duration_s for t in PIPE.graph(plan, cost).tasks]
+    assert PIPE.predict(plan, with_term)[0].step_time_s == PIPE.predict(plan, cost)[0].step_time_s
+    one_stage = PIPE.solve(cost, (0, 1), schedule="1F1B", microbatches=2, batch=16)
+    assert PIPE.predict(one_stage, with_term)[0].step_time_s > PIPE.predict(one_stage, cost)[0].step_time_s + 0.03
+
+
 def test_fitted_residual_reproduces_both_calibration_runs():
     cost = synthetic_cost([1.0, 0.5], [1e-3] * 4, p2p_s_per_byte=1e-8)
     truth = (0.004, 0.0005)
