@@ -237,7 +237,10 @@ def add_pipeline(g: TaskGraph, cost: CostModel, devices: Sequence[int], boundari
     v = n_stages // n_ranks
     acts = rank_actions(schedule, n_ranks, m, v)
     dev_of = [devices[stage_rank(schedule, n_ranks, s)] for s in range(n_stages)]
-    specs = _TaskSpecs(cost, boundaries, dev_of, micro, precision, ckpt, tag, single=action_term_applies(v))
+    # The calibrated per-action term (hetsim.search.calib_modelparallel.calibrate_pipeline) is measured on
+    # one-stage-per-rank schedules and applies to them only.
+    extra = cost.pipeline_action_s(micro) if action_term_applies(v) else 0.0
+    specs = _TaskSpecs(cost, boundaries, dev_of, micro, precision, ckpt, tag, extra)
     # Pass 1: every task as a spec with symbolic dependencies; ids are known before adding.
     for r, rank_acts in enumerate(acts):
         for a in rank_acts:
@@ -262,13 +265,11 @@ class _TaskSpecs:
     (activation sent on), 'xb' (gradient sent back); dependencies are keys."""
 
     def __init__(self, cost: CostModel, boundaries: Sequence[int], dev_of: Sequence[int], micro: int,
-                 precision: str, ckpt: int, tag: str, single: bool = True):
+                 precision: str, ckpt: int, tag: str, extra: float):
         self.cost, self.boundaries, self.dev_of = cost, boundaries, dev_of
         self.micro, self.precision, self.ckpt, self.tag = micro, precision, ckpt, tag
         self.n_stages = len(boundaries) - 1
-        # The calibrated per-action term (hetsim.search.calib_modelparallel.calibrate_pipeline) is measured on
-        # one-stage-per-rank schedules and applies to them only (`action_term_applies`).
-        self.extra = cost.pipeline_action_s(micro) if single else 0.0
+        self.extra = extra  # added to every compute action
         self.specs: list[tuple[str, str, float, tuple, str]] = []
         self.key_of: dict[tuple, int] = {}
 
