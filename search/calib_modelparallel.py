@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from hetsim.strategies._pipeline_sched import available_schedules
 from hetsim.strategies.pipeline import Pipeline
 
 from hetsim.errors import InfeasiblePlanError
@@ -55,29 +56,57 @@ def calibration_pipeline_plans(cost, global_batch: int, min_micro: int) -> list:
     return out
 
 
+def calibration_multi_stage_plans(cost, global_batch: int, min_micro: int) -> list:
+    """The run that calibrates the multi-stage schedules' per-action term: Interleaved1F1B with two stages
+    per rank over every device in order, P micro-batches (2P when P do not divide the batch), boundaries
+    solved as the search would; none when the model has fewer than 2P blocks, the loss is batch-coupled
+    or the installed torch lacks the schedule."""
+    P = len(cost.cluster.devices)
+    if cost.facts.batch_coupled or 2 * P > cost.facts.n_blocks or "Interleaved1F1B" not in available_schedules():
+        return []
+    ms = [m for m in (P, 2 * P) if global_batch % m == 0 and global_batch // m >= min_micro]
+    try:
+        return [Pipeline().solve(cost, tuple(range(P)), schedule="Interleaved1F1B", stages_per_rank=2,
+                                 microbatches=ms[0], batch=global_batch)] if ms else []
+    except InfeasiblePlanError:
+        return []
+
+
+ACTION_FIELDS = {"pipe_action_s": calibration_pipeline_plans, "pipe_action_multi_s": calibration_multi_stage_plans}
+"""Each per-action term of the pipeline schedules and the real runs that calibrate it."""
+
+
 def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
                        global_batch: int, repeats: int = REPEATS) -> ProfileSet:
-    """Run two short real pipelines on the whole cluster (each twice, a third time when the two disagree:
-    `robust_step_s`) and record the per-compute-action residual
-    (a + b * micro-batch, like `calibrate_residual` per data-parallel micro-step) that makes their
-    simulated steps equal the measured ones: torch.distributed.pipelining's per-action work, p2p
-    waits, contention between ranks and small-micro-batch costs that isolated block timings miss."""
-    key = group_key(cluster.devices)
-    if all(key in m.pipe_action_s for m in profiles.models.values()):
-        return profiles
+    """Run short real pipelines on the whole cluster (each twice, a third time when the two disagree:
+    `robust_step_s`) and record the per-compute-action residual (a + b * micro-batch, like
+    `calibrate_residual` per data-parallel micro-step) that makes their simulated steps equal the
+    measured ones: torch.distributed.pipelining's per-action work, p2p waits, contention between ranks
+    and small-micro-batch costs that isolated block timings miss.  One term for one-stage-per-rank
+    schedules (two runs), one for multi-stage schedules (one run), each measured once per group."""
     if len(next(iter(profiles.models.values())).blocks) < len(cluster.devices):
         return profiles  # fewer blocks than devices: no pipeline over the whole cluster
+    for field_name, plans in ACTION_FIELDS.items():
+        profiles = _calibrate_actions(cluster, workload, profiles, root, say, global_batch, repeats, field_name, plans)
+    return profiles
+
+
+def _calibrate_actions(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say, global_batch: int,
+                       repeats: int, field_name: str, plans) -> ProfileSet:
+    """`calibrate_pipeline` for one per-action term (`ACTION_FIELDS`)."""
+    key = group_key(cluster.devices)
+    if all(key in getattr(m, field_name) for m in profiles.models.values()):
+        return profiles
 
     def cost_with(fit: Fit) -> CostModel:
-        models = {k: replace(p, pipe_action_s={**p.pipe_action_s, key: fit}) for k, p in profiles.models.items()}
+        models = {k: replace(p, **{field_name: {**getattr(p, field_name), key: fit}}) for k, p in profiles.models.items()}
         return CostModel(cluster, replace(profiles, models=models), workload.optimizer,
                          has_batchnorm=workload.has_batchnorm, batch_coupled=workload.batch_coupled)
 
-    zero = Fit(intercept=0.0, slope=0.0)
-    cost0 = cost_with(zero)
+    cost0 = cost_with(Fit(intercept=0.0, slope=0.0))
     pipe = Pipeline()
     points = []
-    for plan in calibration_pipeline_plans(cost0, global_batch, min_samples_per_micro_batch(workload.has_batchnorm)):
+    for plan in plans(cost0, global_batch, min_samples_per_micro_batch(workload.has_batchnorm)):
         say(f"calibrating pipeline actions: a real {pipe.label(plan)} step on all {len(cluster.devices)} devices")
         m, real = robust_step_s(plan, cluster=cluster, workload=workload, ref_probe_s=profile_ref(profiles.models.values()),
                                 steps=6, say=say, repeats=repeats)
@@ -90,12 +119,14 @@ def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: P
         say(f"  measured {real:.3f} s, simulated {pred0:.3f} s over {n_crit:.0f} critical actions")
         points.append((float(plan.micro_batch), n_crit, real - pred0))
     if not points:
-        say("pipeline actions carry no calibrated overhead")
+        say(f"{'multi-stage ' if field_name == 'pipe_action_multi_s' else ''}pipeline actions carry no calibrated "
+            "overhead")
         return profiles
     fit = fit_action_residual(points)
-    say(f"pipeline calibration: {fit.intercept * 1e3:+.1f} ms {fit.slope * 1e3:+.2f} ms x micro-batch per compute action")
+    say(f"pipeline calibration ({'several stages' if field_name == 'pipe_action_multi_s' else 'one stage'} per rank): "
+        f"{fit.intercept * 1e3:+.1f} ms {fit.slope * 1e3:+.2f} ms x micro-batch per compute action")
     return record(profiles, root, workload,
-                   lambda kind, prof: replace(prof, pipe_action_s={**prof.pipe_action_s, key: fit}))
+                  lambda kind, prof: replace(prof, **{field_name: {**getattr(prof, field_name), key: fit}}))
 
 
 TP_FIELDS = {"tp_dtensor_collective_s": True, "tp_collective_s": False}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from hetsim.search.calib_modelparallel import fit_action_residual
+from hetsim.search.calib_modelparallel import calibration_multi_stage_plans, fit_action_residual
 from hetsim.strategies.base import SearchContext
 from pipeline_synth import synthetic_cost
 
@@ -17,10 +17,10 @@ from hetsim.types import Fit
 PIPE = strategies.get("pipeline")
 
 
-def _with_action_s(cost: CostModel, x: float, per_sample: float = 0.0) -> CostModel:
+def _with_action_s(cost: CostModel, x: float, per_sample: float = 0.0, field: str = "pipe_action_s") -> CostModel:
     key = group_key(cost.cluster.devices)
     fit = Fit(intercept=x, slope=per_sample)
-    models = {k: replace(p, pipe_action_s={key: fit}) for k, p in cost.profiles.models.items()}
+    models = {k: replace(p, **{field: {key: fit}}) for k, p in cost.profiles.models.items()}
     return CostModel(cost.cluster, replace(cost.profiles, models=models), cost.optimizer)
 
 
@@ -47,6 +47,21 @@ def test_multi_stage_schedules_do_not_carry_the_single_stage_term(schedule):
     assert PIPE.predict(plan, with_term)[0].step_time_s == PIPE.predict(plan, cost)[0].step_time_s
     one_stage = PIPE.solve(cost, (0, 1), schedule="1F1B", microbatches=2, batch=16)
     assert PIPE.predict(one_stage, with_term)[0].step_time_s > PIPE.predict(one_stage, cost)[0].step_time_s + 0.03
+    # Their own term (a real Interleaved1F1B run) lengthens every compute action, and not the one-stage plans'.
+    multi = _with_action_s(cost, 0.01, field="pipe_action_multi_s")
+    for a, b in zip(PIPE.graph(plan, cost).tasks, PIPE.graph(plan, multi).tasks):
+        assert b.duration_s == pytest.approx(a.duration_s + (0.01 if a.kind in ("F", "B", "W") else 0.0))
+    assert PIPE.predict(plan, multi)[0].step_time_s > PIPE.predict(plan, cost)[0].step_time_s + 0.03
+    assert PIPE.predict(one_stage, multi)[0].step_time_s == PIPE.predict(one_stage, cost)[0].step_time_s
+
+
+def test_multi_stage_calibration_run_is_an_interleaved_plan_the_search_could_pick():
+    cost = synthetic_cost([1.0, 0.5], [1e-3] * 8)
+    (plan,) = calibration_multi_stage_plans(cost, 16, 1)
+    assert (plan.schedule, plan.stages_per_rank, plan.microbatches) == ("Interleaved1F1B", 2, 2)
+    assert plan == PIPE.solve(cost, (0, 1), schedule="Interleaved1F1B", stages_per_rank=2, microbatches=2, batch=16)
+    assert calibration_multi_stage_plans(cost, 3, 1) == []  # neither 2 nor 4 micro-batches divide the batch
+    assert calibration_multi_stage_plans(synthetic_cost([1.0, 0.5], [1e-3] * 3), 16, 1) == []  # 3 blocks < 4 stages
 
 
 def test_fitted_residual_reproduces_both_calibration_runs():
