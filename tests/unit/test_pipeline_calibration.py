@@ -39,7 +39,7 @@ def test_every_compute_action_carries_the_calibrated_term():
 @pytest.mark.parametrize("schedule", ["Interleaved1F1B", "ZBVZeroBubble"])
 def test_multi_stage_schedules_do_not_carry_the_single_stage_term(schedule):
     # The term is fitted on GPipe/1F1B, whose torch schedules wait on every send; torch's runtime for
-    # multi-stage schedules waits on sends only at the end of the step (action_term_applies).
+    # multi-stage schedules waits on sends only at the end of the step (action_term).
     cost = synthetic_cost([1.0, 0.5], [1e-3] * 8)
     plan = PIPE.solve(cost, (0, 1), schedule=schedule, stages_per_rank=2, microbatches=2, batch=16)
     with_term = _with_action_s(cost, 0.01, 1e-3)
@@ -47,11 +47,14 @@ def test_multi_stage_schedules_do_not_carry_the_single_stage_term(schedule):
     assert PIPE.predict(plan, with_term)[0].step_time_s == PIPE.predict(plan, cost)[0].step_time_s
     one_stage = PIPE.solve(cost, (0, 1), schedule="1F1B", microbatches=2, batch=16)
     assert PIPE.predict(one_stage, with_term)[0].step_time_s > PIPE.predict(one_stage, cost)[0].step_time_s + 0.03
-    # Their own term (a real Interleaved1F1B run) lengthens every compute action, and not the one-stage plans'.
+    # Their own term (a real Interleaved1F1B run) lengthens every compute action of a looped placement; the
+    # V-shaped ZBV (a hand-off on one rank) and one-stage plans do not carry it.
     multi = _with_action_s(cost, 0.01, field="pipe_action_multi_s")
+    added = 0.01 if schedule == "Interleaved1F1B" else 0.0
     for a, b in zip(PIPE.graph(plan, cost).tasks, PIPE.graph(plan, multi).tasks):
-        assert b.duration_s == pytest.approx(a.duration_s + (0.01 if a.kind in ("F", "B", "W") else 0.0))
-    assert PIPE.predict(plan, multi)[0].step_time_s > PIPE.predict(plan, cost)[0].step_time_s + 0.03
+        assert b.duration_s == pytest.approx(a.duration_s + (added if a.kind in ("F", "B", "W") else 0.0))
+    grown = PIPE.predict(plan, multi)[0].step_time_s - PIPE.predict(plan, cost)[0].step_time_s
+    assert grown > 0.03 if added else grown == 0.0
     assert PIPE.predict(one_stage, multi)[0].step_time_s == PIPE.predict(one_stage, cost)[0].step_time_s
 
 
