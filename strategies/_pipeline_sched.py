@@ -112,8 +112,8 @@ def action_term(cost: CostModel, stage_devs: Sequence[int], micro: float) -> flo
     +1.0 / +2.0 % without).
 
     The looped multi-stage placements (stage s on rank s mod P: Interleaved1F1B, LoopedBFS,
-    InterleavedZeroBubble), where every hand-off crosses ranks, carry a term of their own, from a real Interleaved1F1B run
-    (`ModelProfile.pipe_action_multi_s`; 0 in recordings made before it): without any, fresh main jobs
+    InterleavedZeroBubble), where every hand-off crosses ranks, carry a term of their own, from a real
+    Interleaved1F1B run (`ModelProfile.pipe_action_multi_s`; 0 in recordings made before it): without any, fresh main jobs
     (resnet50@64) read Interleaved1F1B -8.0 % and InterleavedZeroBubble v=2 -7.1 %, v=4 -12.9 %, and vit's
     Interleaved1F1B -18.3 %.  The V-shaped ZBVZeroBubble, whose middle hand-off stays on one rank, carries
     none: without a term it read -0.3, -0.6 and -1.7 % in those main jobs and -0.5 % in a fresh bench."""
