@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from hetsim.strategies._pipeline_sched import available_schedules
+from hetsim.strategies._pipeline_sched import LOOPED_TERM_RUN, available_schedules
 from hetsim.strategies.pipeline import Pipeline
 
 from hetsim.errors import InfeasiblePlanError
@@ -16,7 +16,7 @@ from hetsim.model.costmodel import CostModel
 from hetsim.names import REPEATS, min_samples_per_micro_batch
 from hetsim.profiling.hostspeed import profile_ref
 from hetsim.profiling.obtain import Say
-from hetsim.profiling.store import ProfileSet, group_key, model_profile_path, save
+from hetsim.profiling.store import ProfileSet, group_key, model_profile_path, multi_stage_key, save
 from hetsim.types import Fit
 
 from .calib_dataparallel import record
@@ -57,23 +57,25 @@ def calibration_pipeline_plans(cost, global_batch: int, min_micro: int) -> list:
 
 
 def calibration_multi_stage_plans(cost, global_batch: int, min_micro: int) -> list:
-    """The run that calibrates the multi-stage schedules' per-action term: Interleaved1F1B with two stages
-    per rank over every device in order, P micro-batches (2P when P do not divide the batch), boundaries
-    solved as the search would; none when the model has fewer than 2P blocks, the loss is batch-coupled
-    or the installed torch lacks the schedule."""
+    """The runs that calibrate the looped multi-stage schedules' per-action terms: one per schedule that
+    gives a term (`LOOPED_TERM_RUN`: Interleaved1F1B, InterleavedZeroBubble), two stages per rank over
+    every device in order, P micro-batches (2P when P do not divide the batch), boundaries solved as the
+    search would; none when the model has fewer than 2P blocks or the loss is batch-coupled, and none for
+    a schedule the installed torch lacks."""
     P = len(cost.cluster.devices)
-    if cost.facts.batch_coupled or 2 * P > cost.facts.n_blocks or "Interleaved1F1B" not in available_schedules():
+    if cost.facts.batch_coupled or 2 * P > cost.facts.n_blocks:
         return []
     ms = [m for m in (P, 2 * P) if global_batch % m == 0 and global_batch // m >= min_micro]
-    try:
-        return [Pipeline().solve(cost, tuple(range(P)), schedule="Interleaved1F1B", stages_per_rank=2,
-                                 microbatches=ms[0], batch=global_batch)] if ms else []
-    except InfeasiblePlanError:
-        return []
-
-
-ACTION_FIELDS = {"pipe_action_s": calibration_pipeline_plans, "pipe_action_multi_s": calibration_multi_stage_plans}
-"""Each per-action term of the pipeline schedules and the real runs that calibrate it."""
+    out = []
+    for schedule in dict.fromkeys(LOOPED_TERM_RUN.values()):
+        if not ms or schedule not in available_schedules():
+            continue
+        try:
+            out.append(Pipeline().solve(cost, tuple(range(P)), schedule=schedule, stages_per_rank=2,
+                                        microbatches=ms[0], batch=global_batch))
+        except InfeasiblePlanError:
+            continue
+    return out
 
 
 def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
@@ -83,50 +85,57 @@ def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: P
     `calibrate_residual` per data-parallel micro-step) that makes their simulated steps equal the
     measured ones: torch.distributed.pipelining's per-action work, p2p waits, contention between ranks
     and small-micro-batch costs that isolated block timings miss.  One term for one-stage-per-rank
-    schedules (two runs), one for multi-stage schedules (one run), each measured once per group."""
+    schedules (two runs: `calibration_pipeline_plans`), one for each looped multi-stage schedule that
+    gives a term (a run each: `calibration_multi_stage_plans`); each measured once per group."""
     if len(next(iter(profiles.models.values())).blocks) < len(cluster.devices):
         return profiles  # fewer blocks than devices: no pipeline over the whole cluster
-    for field_name, plans in ACTION_FIELDS.items():
-        profiles = _calibrate_actions(cluster, workload, profiles, root, say, global_batch, repeats, field_name, plans)
-    return profiles
+    group = group_key(cluster.devices)
+    profiles = _calibrate_actions(cluster, workload, profiles, root, say, global_batch, repeats, "pipe_action_s",
+                                  lambda plans: {group: plans}, calibration_pipeline_plans)
+    return _calibrate_actions(cluster, workload, profiles, root, say, global_batch, repeats, "pipe_action_multi_s",
+                              lambda plans: {multi_stage_key(p.schedule, group): [p] for p in plans},
+                              calibration_multi_stage_plans)
 
 
 def _calibrate_actions(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say, global_batch: int,
-                       repeats: int, field_name: str, plans) -> ProfileSet:
-    """`calibrate_pipeline` for one per-action term (`ACTION_FIELDS`)."""
-    key = group_key(cluster.devices)
-    if all(key in getattr(m, field_name) for m in profiles.models.values()):
-        return profiles
-
-    def cost_with(fit: Fit) -> CostModel:
-        models = {k: replace(p, **{field_name: {**getattr(p, field_name), key: fit}}) for k, p in profiles.models.items()}
+                       repeats: int, field_name: str, keyed, plans_for) -> ProfileSet:
+    """`calibrate_pipeline` for one field: `plans_for` gives the calibration runs, `keyed` groups them by
+    the key of the term they fit; keys every model profile already has are not measured again."""
+    def cost_with(terms: dict[str, Fit]) -> CostModel:
+        models = {k: replace(p, **{field_name: {**getattr(p, field_name), **terms}}) for k, p in profiles.models.items()}
         return CostModel(cluster, replace(profiles, models=models), workload.optimizer,
                          has_batchnorm=workload.has_batchnorm, batch_coupled=workload.batch_coupled)
 
-    cost0 = cost_with(Fit(intercept=0.0, slope=0.0))
+    zero = Fit(intercept=0.0, slope=0.0)
+    todo = keyed(plans_for(cost_with({}), global_batch, min_samples_per_micro_batch(workload.has_batchnorm)))
+    todo = {k: v for k, v in todo.items() if not all(k in getattr(m, field_name) for m in profiles.models.values())}
     pipe = Pipeline()
-    points = []
-    for plan in plans(cost0, global_batch, min_samples_per_micro_batch(workload.has_batchnorm)):
-        say(f"calibrating pipeline actions: a real {pipe.label(plan)} step on all {len(cluster.devices)} devices")
-        m, real = robust_step_s(plan, cluster=cluster, workload=workload, ref_probe_s=profile_ref(profiles.models.values()),
-                                steps=6, say=say, repeats=repeats)
-        if real is None:
-            say(f"pipeline calibration run failed ({m.status})")
+    fits = {}
+    for key, plans in todo.items():
+        cost0 = cost_with({key: zero})
+        points = []
+        for plan in plans:
+            say(f"calibrating pipeline actions: a real {pipe.label(plan)} step on all {len(cluster.devices)} devices")
+            m, real = robust_step_s(plan, cluster=cluster, workload=workload,
+                                    ref_probe_s=profile_ref(profiles.models.values()), steps=6, say=say, repeats=repeats)
+            if real is None:
+                say(f"pipeline calibration run failed ({m.status})")
+                continue
+            pred0 = pipe.predict(plan, cost0)[0].step_time_s
+            delta = 1e-3  # actions on the critical path: how much 1 ms more per action lengthens the step
+            n_crit = (pipe.predict(plan, cost_with({key: Fit(intercept=delta, slope=0.0)}))[0].step_time_s - pred0) / delta
+            say(f"  measured {real:.3f} s, simulated {pred0:.3f} s over {n_crit:.0f} critical actions")
+            points.append((float(plan.micro_batch), n_crit, real - pred0))
+        if not points:
+            say(f"pipeline actions ({key}) carry no calibrated overhead")
             continue
-        pred0 = pipe.predict(plan, cost0)[0].step_time_s
-        delta = 1e-3  # actions on the critical path: how much 1 ms more per action lengthens the step
-        n_crit = (pipe.predict(plan, cost_with(Fit(intercept=delta, slope=0.0)))[0].step_time_s - pred0) / delta
-        say(f"  measured {real:.3f} s, simulated {pred0:.3f} s over {n_crit:.0f} critical actions")
-        points.append((float(plan.micro_batch), n_crit, real - pred0))
-    if not points:
-        say(f"{'multi-stage ' if field_name == 'pipe_action_multi_s' else ''}pipeline actions carry no calibrated "
-            "overhead")
+        fits[key] = fit_action_residual(points)
+        say(f"pipeline calibration ({key}): {fits[key].intercept * 1e3:+.1f} ms {fits[key].slope * 1e3:+.2f} ms "
+            "x micro-batch per compute action")
+    if not fits:
         return profiles
-    fit = fit_action_residual(points)
-    say(f"pipeline calibration ({'several stages' if field_name == 'pipe_action_multi_s' else 'one stage'} per rank): "
-        f"{fit.intercept * 1e3:+.1f} ms {fit.slope * 1e3:+.2f} ms x micro-batch per compute action")
     return record(profiles, root, workload,
-                  lambda kind, prof: replace(prof, **{field_name: {**getattr(prof, field_name), key: fit}}))
+                  lambda kind, prof: replace(prof, **{field_name: {**getattr(prof, field_name), **fits}}))
 
 
 TP_FIELDS = {"tp_dtensor_collective_s": True, "tp_collective_s": False}

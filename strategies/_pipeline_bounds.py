@@ -120,7 +120,7 @@ def _least_bottleneck(rows: Rows, n_blocks: int) -> float:
 
 def step_elements(cost: CostModel, lanes: Sequence[Lane], n_stages: int, precision: str, ckpt: int,
                   inflight: Sequence[int], tail_s: Callable[[int, int, int, int], float] | None = None,
-                  v: int = 1) -> Elem:
+                  schedule: str = "GPipe") -> Elem:
     """Element costs of the analytic step time that `solve_boundaries` minimises.
 
     For one lane (pipeline) with per-micro-batch stage times c_s (forward + backward +
@@ -129,12 +129,13 @@ def step_elements(cost: CostModel, lanes: Sequence[Lane], n_stages: int, precisi
         step = sum_s (c_s + l_s) + (m - 1) * v * max_s max(c_s, l_s) + tail
 
     (fill and drain cross every stage once; the steady state runs at the slowest stage or
-    link; a rank with v stages runs v of them per round).  The tail is the optimizer step (and,
+    link; a rank with v stages per rank of `schedule` runs v of them per round).  The tail is the optimizer step (and,
     for hybrid, the gradient all-reduce) of stage 0, which finishes the step.  With several
     lanes, each term takes the slowest lane.  Memory: each stage's parameters, gradients,
     optimizer state and `inflight[s]` micro-batches of activations must fit its device.
     """
     nb = cost.facts.n_blocks
+    v = n_stages // len(set(lanes[0].stage_devices)) if lanes else 1
     prefix: dict[tuple[int, int], list[float]] = {}
     lanes = distinct_lanes(cost, lanes)
 
@@ -159,7 +160,7 @@ def step_elements(cost: CostModel, lanes: Sequence[Lane], n_stages: int, precisi
                 return None
             acc = pre(d, lane.micro)
             c = (acc[hi] - acc[lo] + cost.stage_overhead_s(d, lo, hi, lane.micro, precision)
-                 + 2 * action_term(cost, lane.stage_devices, lane.micro))  # F and B
+                 + 2 * action_term(cost, schedule, lane.micro))  # F and B
             link = 0.0
             if s + 1 < n_stages and lane.stage_devices[s + 1] != d:
                 nbytes = cost.blocks()[hi - 1].out_bytes_per_sample * lane.micro
@@ -189,10 +190,10 @@ def distinct_lanes(cost: CostModel, lanes: Sequence[Lane]) -> list[Lane]:
 
 
 def solve_boundaries(cost: CostModel, lanes: Sequence[Lane], n_stages: int, m: int, precision: str, ckpt: int,
-                     inflight: Sequence[int], v: int = 1,
+                     inflight: Sequence[int], schedule: str = "GPipe",
                      tail_s: Callable[[int, int, int, int], float] | None = None) -> tuple[int, ...]:
     """Stage boundaries that minimise the analytic step time under every device's memory cap (exact DP)."""
-    elem = step_elements(cost, lanes, n_stages, precision, ckpt, inflight, tail_s, v)
+    elem = step_elements(cost, lanes, n_stages, precision, ckpt, inflight, tail_s, schedule)
     _, bounds = min_sum_plus_max(n_stages, cost.facts.n_blocks, elem, float(m - 1))
     return bounds
 

@@ -98,9 +98,15 @@ def stage_devices(schedule: str, devices: Sequence[int], n_stages: int) -> tuple
     return tuple(devices[stage_rank(schedule, len(devices), s)] for s in range(n_stages))
 
 
-def action_term(cost: CostModel, stage_devs: Sequence[int], micro: float) -> float:
-    """The calibrated per-action term (`CostModel.pipeline_action_s`) of a pipeline whose stages run on
-    `stage_devs` (one device per stage, in stage order) at micro-batch `micro`.
+LOOPED_TERM_RUN = {"Interleaved1F1B": "Interleaved1F1B", "LoopedBFS": "Interleaved1F1B",
+                   "InterleavedZeroBubble": "InterleavedZeroBubble"}
+"""The looped multi-stage schedules (stage s on rank s mod P) and the schedule whose real calibration run
+gives each its per-action term (`hetsim.search.calib_modelparallel.calibration_multi_stage_plans`)."""
+
+
+def action_term(cost: CostModel, schedule: str, micro: float) -> float:
+    """The calibrated per-action term (`CostModel.pipeline_action_s`) of a `schedule` pipeline at
+    micro-batch `micro`.
 
     One-stage-per-rank schedules (GPipe, 1F1B) carry the term fitted on GPipe and 1F1B runs: torch waits
     on their sends and receives at every action (1F1B fuses each send with the next receive and waits
@@ -111,17 +117,17 @@ def action_term(cost: CostModel, stage_devs: Sequence[int], micro: float) -> flo
     Interleaved1F1B m=2 +8.6 / +8.9 % and ZBVZeroBubble m=2 +13.5 / +13.3 % with it, +0.2 / +1.3 % and
     +1.0 / +2.0 % without).
 
-    The looped multi-stage placements (stage s on rank s mod P: Interleaved1F1B, LoopedBFS,
-    InterleavedZeroBubble), where every hand-off crosses ranks, carry a term of their own, from a real
-    Interleaved1F1B run (`ModelProfile.pipe_action_multi_s`; 0 in recordings made before it): without any, fresh main jobs
-    (resnet50@64) read Interleaved1F1B -8.0 % and InterleavedZeroBubble v=2 -7.1 %, v=4 -12.9 %, and vit's
-    Interleaved1F1B -18.3 %.  The V-shaped ZBVZeroBubble, whose middle hand-off stays on one rank, carries
-    none: without a term it read -0.3, -0.6 and -1.7 % in those main jobs and -0.5 % in a fresh bench."""
-    if len(set(stage_devs)) == len(stage_devs):
+    The looped schedules (`LOOPED_TERM_RUN`), where every hand-off crosses ranks, carry a term of their
+    own, each from a real run of its schedule (`ModelProfile.pipe_action_multi_s`; 0 in recordings made
+    before it).  Without any, fresh main jobs (resnet50@64) read Interleaved1F1B -8.0 % and
+    InterleavedZeroBubble v=2 -7.1 %, v=4 -12.9 %, and vit's Interleaved1F1B -18.3 %; with Interleaved1F1B's
+    term for both, InterleavedZeroBubble v=2 read +12.4 %.  The V-shaped ZBVZeroBubble, whose middle
+    hand-off stays on one rank, carries none: without a term it read -0.3, -0.6, -1.7 and -3.7 % in main
+    jobs and -0.5 % in a fresh bench."""
+    if schedule in SINGLE_STAGE:
         return cost.pipeline_action_s(micro)
-    if any(a == b for a, b in zip(stage_devs, stage_devs[1:])):
-        return 0.0
-    return cost.pipeline_action_s(micro, multi_stage=True)
+    run = LOOPED_TERM_RUN.get(schedule)
+    return cost.pipeline_action_s(micro, schedule=run) if run else 0.0
 
 
 # ----------------------------------------------------------------------------- action lists
@@ -249,7 +255,7 @@ def add_pipeline(g: TaskGraph, cost: CostModel, devices: Sequence[int], boundari
     v = n_stages // n_ranks
     acts = rank_actions(schedule, n_ranks, m, v)
     dev_of = [devices[stage_rank(schedule, n_ranks, s)] for s in range(n_stages)]
-    extra = action_term(cost, dev_of, micro)  # hetsim.search.calib_modelparallel.calibrate_pipeline
+    extra = action_term(cost, schedule, micro)  # hetsim.search.calib_modelparallel.calibrate_pipeline
     specs = _TaskSpecs(cost, boundaries, dev_of, micro, precision, ckpt, tag, extra)
     # Pass 1: every task as a spec with symbolic dependencies; ids are known before adding.
     for r, rank_acts in enumerate(acts):

@@ -116,11 +116,11 @@ def _tail(cost: CostModel, group: tuple[int, ...]):
     return tail
 
 
-def replica_time(cost: CostModel, stage_devs: tuple[int, ...], bounds: tuple[int, ...], micro: int, m: int, v: int,
+def replica_time(cost: CostModel, stage_devs: tuple[int, ...], bounds: tuple[int, ...], micro: int, m: int, schedule: str,
                  precision: str, ckpt: int, inflight, tail) -> float:
     """Analytic step time of one replica (the DP's objective); inf when a stage does not fit."""
     n_stages = len(bounds) - 1
-    elem = step_elements(cost, [Lane(stage_devs, micro)], n_stages, precision, ckpt, inflight, tail, v)
+    elem = step_elements(cost, [Lane(stage_devs, micro)], n_stages, precision, ckpt, inflight, tail, schedule)
     total, worst = 0.0, 0.0
     for s in range(n_stages):
         e = elem(s, bounds[s], bounds[s + 1])
@@ -132,7 +132,7 @@ def replica_time(cost: CostModel, stage_devs: tuple[int, ...], bounds: tuple[int
 
 
 def balance_replicas(cost: CostModel, lanes_devs: list[tuple[int, ...]], bounds: tuple[int, ...], global_batch: int,
-                     m: int, v: int, precision: str, ckpt: int, inflight, tail, min_micro_size: int) -> tuple[int, ...]:
+                     m: int, schedule: str, precision: str, ckpt: int, inflight, tail, min_micro_size: int) -> tuple[int, ...]:
     """Exact min-max split of the batch over replicas in units of m samples (one per micro-batch).
 
     A replica's step time does not fall when its micro-batches grow, so giving each next unit to
@@ -153,7 +153,7 @@ def balance_replicas(cost: CostModel, lanes_devs: list[tuple[int, ...]], bounds:
     def t(i: int, micro: int) -> float:
         key = (klass[i], micro)
         if key not in times:
-            times[key] = replica_time(cost, lanes_devs[i], bounds, micro, m, v, precision, ckpt, inflight, tail)
+            times[key] = replica_time(cost, lanes_devs[i], bounds, micro, m, schedule, precision, ckpt, inflight, tail)
         return times[key]
 
     # The greedy's min over replicas of (time at one more unit, index), kept in a heap: only the
@@ -220,14 +220,14 @@ class Hybrid(Strategy):
         for _ in range(4):
             lanes = [Lane(lanes_devs[i], split[i] // m) for i in range(R)]
             try:
-                bounds = solve_boundaries(cost, lanes, n_stages, m, precision, checkpoint_blocks, inflight, v, tail)
+                bounds = solve_boundaries(cost, lanes, n_stages, m, precision, checkpoint_blocks, inflight, schedule, tail)
             except InfeasiblePlanError:
                 if best is None:
                     raise
                 break
-            new = balance_replicas(cost, lanes_devs, bounds, global_batch, m, v, precision, checkpoint_blocks,
+            new = balance_replicas(cost, lanes_devs, bounds, global_batch, m, schedule, precision, checkpoint_blocks,
                                    inflight, tail, min_micro_size)
-            score = max(replica_time(cost, lanes_devs[i], bounds, new[i] // m, m, v, precision, checkpoint_blocks,
+            score = max(replica_time(cost, lanes_devs[i], bounds, new[i] // m, m, schedule, precision, checkpoint_blocks,
                                      inflight, tail) for i in range(R))
             if best is None or score < best[0]:
                 best = (score, bounds, new)

@@ -252,7 +252,7 @@ class Pipeline(Strategy):
         stage_devs = stage_devices(schedule, devices, n_stages)
         bounds = solve_boundaries(cost, [Lane(stage_devs, batch // microbatches)], n_stages, microbatches,
                                   precision, checkpoint_blocks, inflight_counts(acts, n_stages),
-                                  v=stages_per_rank, tail_s=optimizer_tail(cost))
+                                  schedule=schedule, tail_s=optimizer_tail(cost))
         return PipelinePlan(devices=devices, boundaries=bounds, schedule=schedule, microbatches=microbatches,
                             batch=batch, precision=precision, checkpoint_blocks=checkpoint_blocks)
 

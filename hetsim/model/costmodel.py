@@ -18,7 +18,13 @@ import numpy as np
 
 from hetsim.errors import ProfileError
 from hetsim.hardware.cluster import Cluster, Device
-from hetsim.profiling.store import BlockProfile, ModelProfile, ProfileSet, group_key
+from hetsim.profiling.store import (
+    BlockProfile,
+    ModelProfile,
+    ProfileSet,
+    group_key,
+    multi_stage_key,
+)
 from hetsim.types import Fit
 from hetsim.workloads.builtin import OPTIMIZER_STATE_PER_PARAM
 
@@ -214,20 +220,21 @@ class CostModel:
         part = self.fwd_s(dev, lo, hi, mb, precision) + self.bwd_s(dev, lo, hi, mb, precision)
         return self.overhead_s(dev, mb, precision=precision) * (part / whole_t if whole_t > 0 else 0.0)
 
-    def pipeline_action_s(self, mb: float, multi_stage: bool = False) -> float:
+    def pipeline_action_s(self, mb: float, schedule: str | None = None) -> float:
         """Calibrated extra time of every compute action of a pipeline schedule on this cluster at micro-batch
         mb (0 when not calibrated): torch.distributed.pipelining's per-action work, waits for peers, p2p and
         contention, as real pipeline runs measured it (`hetsim.search.calib_modelparallel.calibrate_pipeline`).
-        May be negative: it corrects the block timings too.  One-stage-per-rank schedules (GPipe, 1F1B) and
-        `multi_stage` ones (several stages per rank, torch's `_PipelineScheduleRuntime`) have a term each
-        (`ModelProfile.pipe_action_s`, `pipe_action_multi_s`)."""
-        field_name = "pipe_action_multi_s" if multi_stage else "pipe_action_s"
+        May be negative: it corrects the block timings too.  One-stage-per-rank schedules (GPipe, 1F1B) have
+        one term (`ModelProfile.pipe_action_s`); a multi-stage `schedule` the one its own calibration run
+        measured (`ModelProfile.pipe_action_multi_s`, `hetsim.strategies._pipeline_sched.action_term`)."""
+        group = self.memo(("cluster_group_key",), lambda: group_key(self.cluster.devices))
+        field_name, key = ("pipe_action_s", group) if schedule is None else ("pipe_action_multi_s",
+                                                                              multi_stage_key(schedule, group))
 
         def fits():
-            key = group_key(self.cluster.devices)
             return [getattr(m, field_name)[key] for m in self.profiles.models.values() if key in getattr(m, field_name)]
 
-        vals = [f(mb) for f in self.memo(("pipe_action_fits", field_name), fits)]
+        vals = [f(mb) for f in self.memo(("pipe_action_fits", field_name, key), fits)]
         return max(vals) if vals else 0.0
 
     def sync_residual_s(self, group: tuple[int, ...], overlap: float | None = None) -> float:

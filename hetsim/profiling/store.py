@@ -128,11 +128,11 @@ class ModelProfile:
     (one micro-batch; 2 per rank) equal their measured steps (per-action work of
     torch.distributed.pipelining, p2p waits, contention and small-micro-batch costs the block timings miss)."""
     pipe_action_multi_s: dict[str, Fit] = field(default_factory=dict)
-    """By group (`group_key`): the same for the looped multi-stage schedules (Interleaved1F1B, LoopedBFS,
-    InterleavedZeroBubble: stage s on rank s mod P), from one real Interleaved1F1B run with two stages per
-    rank: torch runs them through `_PipelineScheduleRuntime`, whose waits differ from GPipe's and 1F1B's;
-    the V-shaped ZBVZeroBubble carries no term (`hetsim.strategies._pipeline_sched.action_term`).  Empty in
-    profiles recorded before it: those schedules then carry no per-action term."""
+    """By schedule and group (`multi_stage_key`): the same for the looped multi-stage schedules, each from
+    one real run of its schedule with two stages per rank (`_pipeline_sched.LOOPED_TERM_RUN`): torch runs
+    them through `_PipelineScheduleRuntime`, whose waits differ from GPipe's and 1F1B's, and differ between
+    them; the V-shaped ZBVZeroBubble carries no term (`hetsim.strategies._pipeline_sched.action_term`).
+    Empty in profiles recorded before it: those schedules then carry no per-action term."""
     tp_collective_s: dict[str, float] = field(default_factory=dict)
     """By tensor group (`group_key`): seconds added to every all-reduce of a tensor-parallel plan run
     through per-rank slices, so that a real run on that group steps as simulated (autograd functions
@@ -201,6 +201,11 @@ class ProfileSet:
 def group_key(devices) -> str:
     """Key of a device group for calibrated group terms: each device's kind and relative speed."""
     return ",".join(f"{d.kind}x{d.speed:g}" for d in devices)
+
+
+def multi_stage_key(schedule: str, group: str) -> str:
+    """Key of a multi-stage schedule's per-action term (`ModelProfile.pipe_action_multi_s`) on a group."""
+    return f"{schedule}:{group}"
 
 
 # ----------------------------------------------------------------------------- where profiles live

@@ -11,15 +11,16 @@ from pipeline_synth import synthetic_cost
 
 from hetsim import strategies
 from hetsim.model.costmodel import CostModel
-from hetsim.profiling.store import group_key
+from hetsim.profiling.store import group_key, multi_stage_key
 from hetsim.types import Fit
 
 PIPE = strategies.get("pipeline")
 
 
-def _with_action_s(cost: CostModel, x: float, per_sample: float = 0.0, field: str = "pipe_action_s") -> CostModel:
+def _with_action_s(cost: CostModel, x: float, per_sample: float = 0.0, schedule: str | None = None) -> CostModel:
     key = group_key(cost.cluster.devices)
     fit = Fit(intercept=x, slope=per_sample)
+    field, key = ("pipe_action_s", key) if schedule is None else ("pipe_action_multi_s", multi_stage_key(schedule, key))
     models = {k: replace(p, **{field: {key: fit}}) for k, p in cost.profiles.models.items()}
     return CostModel(cost.cluster, replace(cost.profiles, models=models), cost.optimizer)
 
@@ -36,7 +37,7 @@ def test_every_compute_action_carries_the_calibrated_term():
     assert 0.10 - 1e-9 <= d <= 0.16 + 1e-9
 
 
-@pytest.mark.parametrize("schedule", ["Interleaved1F1B", "ZBVZeroBubble"])
+@pytest.mark.parametrize("schedule", ["Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"])
 def test_multi_stage_schedules_do_not_carry_the_single_stage_term(schedule):
     # The term is fitted on GPipe/1F1B, whose torch schedules wait on every send; torch's runtime for
     # multi-stage schedules waits on sends only at the end of the step (action_term).
@@ -47,22 +48,33 @@ def test_multi_stage_schedules_do_not_carry_the_single_stage_term(schedule):
     assert PIPE.predict(plan, with_term)[0].step_time_s == PIPE.predict(plan, cost)[0].step_time_s
     one_stage = PIPE.solve(cost, (0, 1), schedule="1F1B", microbatches=2, batch=16)
     assert PIPE.predict(one_stage, with_term)[0].step_time_s > PIPE.predict(one_stage, cost)[0].step_time_s + 0.03
-    # Their own term (a real Interleaved1F1B run) lengthens every compute action of a looped placement; the
-    # V-shaped ZBV (a hand-off on one rank) and one-stage plans do not carry it.
-    multi = _with_action_s(cost, 0.01, field="pipe_action_multi_s")
-    added = 0.01 if schedule == "Interleaved1F1B" else 0.0
-    for a, b in zip(PIPE.graph(plan, cost).tasks, PIPE.graph(plan, multi).tasks):
-        assert b.duration_s == pytest.approx(a.duration_s + (added if a.kind in ("F", "B", "W") else 0.0))
-    grown = PIPE.predict(plan, multi)[0].step_time_s - PIPE.predict(plan, cost)[0].step_time_s
-    assert grown > 0.03 if added else grown == 0.0
-    assert PIPE.predict(one_stage, multi)[0].step_time_s == PIPE.predict(one_stage, cost)[0].step_time_s
+    # The looped schedules carry the term of their own schedule's calibration run; the V-shaped ZBV (a
+    # hand-off on one rank) and one-stage plans carry none of those.
+    for run in ("Interleaved1F1B", "InterleavedZeroBubble"):
+        multi = _with_action_s(cost, 0.01, schedule=run)
+        added = 0.01 if schedule == run else 0.0
+        for a, b in zip(PIPE.graph(plan, cost).tasks, PIPE.graph(plan, multi).tasks):
+            assert b.duration_s == pytest.approx(a.duration_s + (added if a.kind in ("F", "B", "W") else 0.0))
+        grown = PIPE.predict(plan, multi)[0].step_time_s - PIPE.predict(plan, cost)[0].step_time_s
+        assert grown > 0.03 if added else grown == 0.0
+        assert PIPE.predict(one_stage, multi)[0].step_time_s == PIPE.predict(one_stage, cost)[0].step_time_s
 
 
-def test_multi_stage_calibration_run_is_an_interleaved_plan_the_search_could_pick():
+def test_looped_bfs_carries_interleaved_1f1b_term():
     cost = synthetic_cost([1.0, 0.5], [1e-3] * 8)
-    (plan,) = calibration_multi_stage_plans(cost, 16, 1)
-    assert (plan.schedule, plan.stages_per_rank, plan.microbatches) == ("Interleaved1F1B", 2, 2)
-    assert plan == PIPE.solve(cost, (0, 1), schedule="Interleaved1F1B", stages_per_rank=2, microbatches=2, batch=16)
+    plan = PIPE.solve(cost, (0, 1), schedule="LoopedBFS", stages_per_rank=2, microbatches=2, batch=16)
+    base = PIPE.predict(plan, cost)[0].step_time_s
+    assert PIPE.predict(plan, _with_action_s(cost, 0.01, schedule="Interleaved1F1B"))[0].step_time_s > base + 0.03
+    assert PIPE.predict(plan, _with_action_s(cost, 0.01, schedule="InterleavedZeroBubble"))[0].step_time_s == base
+
+
+def test_multi_stage_calibration_runs_are_plans_the_search_could_pick():
+    cost = synthetic_cost([1.0, 0.5], [1e-3] * 8)
+    plans = calibration_multi_stage_plans(cost, 16, 1)
+    assert [(p.schedule, p.stages_per_rank, p.microbatches) for p in plans] == [
+        ("Interleaved1F1B", 2, 2), ("InterleavedZeroBubble", 2, 2)]
+    for p in plans:
+        assert p == PIPE.solve(cost, (0, 1), schedule=p.schedule, stages_per_rank=2, microbatches=2, batch=16)
     assert calibration_multi_stage_plans(cost, 3, 1) == []  # neither 2 nor 4 micro-batches divide the batch
     assert calibration_multi_stage_plans(synthetic_cost([1.0, 0.5], [1e-3] * 3), 16, 1) == []  # 3 blocks < 4 stages
 
