@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from hetsim.strategies._pipeline_sched import LOOPED_TERM_RUN, available_schedules
+from hetsim.strategies._pipeline_sched import MULTI_TERM_RUN, available_schedules
 from hetsim.strategies.pipeline import Pipeline
 
 from hetsim.errors import InfeasiblePlanError
@@ -57,8 +57,8 @@ def calibration_pipeline_plans(cost, global_batch: int, min_micro: int) -> list:
 
 
 def calibration_multi_stage_plans(cost, global_batch: int, min_micro: int) -> list:
-    """The runs that calibrate the looped multi-stage schedules' per-action terms: one per schedule that
-    gives a term (`LOOPED_TERM_RUN`: Interleaved1F1B, InterleavedZeroBubble), two stages per rank over
+    """The runs that calibrate the multi-stage schedules' per-action terms: one per schedule that gives a
+    term (`MULTI_TERM_RUN`: Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble), two stages per rank over
     every device in order, P micro-batches (2P when P do not divide the batch), boundaries solved as the
     search would; none when the model has fewer than 2P blocks or the loss is batch-coupled, and none for
     a schedule the installed torch lacks."""
@@ -67,7 +67,7 @@ def calibration_multi_stage_plans(cost, global_batch: int, min_micro: int) -> li
         return []
     ms = [m for m in (P, 2 * P) if global_batch % m == 0 and global_batch // m >= min_micro]
     out = []
-    for schedule in dict.fromkeys(LOOPED_TERM_RUN.values()):
+    for schedule in dict.fromkeys(MULTI_TERM_RUN.values()):
         if not ms or schedule not in available_schedules():
             continue
         try:
@@ -85,7 +85,7 @@ def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: P
     `calibrate_residual` per data-parallel micro-step) that makes their simulated steps equal the
     measured ones: torch.distributed.pipelining's per-action work, p2p waits, contention between ranks
     and small-micro-batch costs that isolated block timings miss.  One term for one-stage-per-rank
-    schedules (two runs: `calibration_pipeline_plans`), one for each looped multi-stage schedule that
+    schedules (two runs: `calibration_pipeline_plans`), one for each multi-stage schedule that
     gives a term (a run each: `calibration_multi_stage_plans`); each measured once per group."""
     if len(next(iter(profiles.models.values())).blocks) < len(cluster.devices):
         return profiles  # fewer blocks than devices: no pipeline over the whole cluster

@@ -98,10 +98,10 @@ def stage_devices(schedule: str, devices: Sequence[int], n_stages: int) -> tuple
     return tuple(devices[stage_rank(schedule, len(devices), s)] for s in range(n_stages))
 
 
-LOOPED_TERM_RUN = {"Interleaved1F1B": "Interleaved1F1B", "LoopedBFS": "Interleaved1F1B",
-                   "InterleavedZeroBubble": "InterleavedZeroBubble"}
-"""The looped multi-stage schedules (stage s on rank s mod P) and the schedule whose real calibration run
-gives each its per-action term (`hetsim.search.calib_modelparallel.calibration_multi_stage_plans`)."""
+MULTI_TERM_RUN = {"Interleaved1F1B": "Interleaved1F1B", "LoopedBFS": "Interleaved1F1B",
+                  "InterleavedZeroBubble": "InterleavedZeroBubble", "ZBVZeroBubble": "ZBVZeroBubble"}
+"""The multi-stage schedules and the schedule whose real calibration run gives each its per-action term
+(`hetsim.search.calib_modelparallel.calibration_multi_stage_plans`)."""
 
 
 def action_term(cost: CostModel, schedule: str, micro: float) -> float:
@@ -117,16 +117,14 @@ def action_term(cost: CostModel, schedule: str, micro: float) -> float:
     Interleaved1F1B m=2 +8.6 / +8.9 % and ZBVZeroBubble m=2 +13.5 / +13.3 % with it, +0.2 / +1.3 % and
     +1.0 / +2.0 % without).
 
-    The looped schedules (`LOOPED_TERM_RUN`), where every hand-off crosses ranks, carry a term of their
-    own, each from a real run of its schedule (`ModelProfile.pipe_action_multi_s`; 0 in recordings made
-    before it).  Without any, fresh main jobs (resnet50@64) read Interleaved1F1B -8.0 % and
-    InterleavedZeroBubble v=2 -7.1 %, v=4 -12.9 %, and vit's Interleaved1F1B -18.3 %; with Interleaved1F1B's
-    term for both, InterleavedZeroBubble v=2 read +12.4 %.  The V-shaped ZBVZeroBubble, whose middle
-    hand-off stays on one rank, carries none: without a term it read -0.3, -0.6, -1.7 and -3.7 % in main
-    jobs and -0.5 % in a fresh bench."""
+    Each multi-stage schedule carries a term of its own, from a real run of its schedule
+    (`MULTI_TERM_RUN`, `ModelProfile.pipe_action_multi_s`; 0 in recordings made before it), as they
+    differ: without any, fresh main jobs (resnet50@64) read Interleaved1F1B -8.0 %, InterleavedZeroBubble
+    v=2 -7.1 % and v=4 -12.9 %, ZBV -0.3 to -3.7 %, and vit's Interleaved1F1B -18.3 %; with Interleaved1F1B's
+    term, InterleavedZeroBubble v=2 read +12.4 %; and bert's ZBV read -14.7 % without a term."""
     if schedule in SINGLE_STAGE:
         return cost.pipeline_action_s(micro)
-    run = LOOPED_TERM_RUN.get(schedule)
+    run = MULTI_TERM_RUN.get(schedule)
     return cost.pipeline_action_s(micro, schedule=run) if run else 0.0
 
 

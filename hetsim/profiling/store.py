@@ -128,11 +128,11 @@ class ModelProfile:
     (one micro-batch; 2 per rank) equal their measured steps (per-action work of
     torch.distributed.pipelining, p2p waits, contention and small-micro-batch costs the block timings miss)."""
     pipe_action_multi_s: dict[str, Fit] = field(default_factory=dict)
-    """By schedule and group (`multi_stage_key`): the same for the looped multi-stage schedules, each from
-    one real run of its schedule with two stages per rank (`_pipeline_sched.LOOPED_TERM_RUN`): torch runs
-    them through `_PipelineScheduleRuntime`, whose waits differ from GPipe's and 1F1B's, and differ between
-    them; the V-shaped ZBVZeroBubble carries no term (`hetsim.strategies._pipeline_sched.action_term`).
-    Empty in profiles recorded before it: those schedules then carry no per-action term."""
+    """By schedule and group (`multi_stage_key`): the same for the multi-stage schedules, each from one
+    real run of its schedule with two stages per rank (`_pipeline_sched.MULTI_TERM_RUN`): torch runs them
+    through `_PipelineScheduleRuntime`, whose waits differ from GPipe's and 1F1B's, and differ between
+    them (`hetsim.strategies._pipeline_sched.action_term`).  Empty in profiles recorded before it: those
+    schedules then carry no per-action term."""
     tp_collective_s: dict[str, float] = field(default_factory=dict)
     """By tensor group (`group_key`): seconds added to every all-reduce of a tensor-parallel plan run
     through per-rank slices, so that a real run on that group steps as simulated (autograd functions

@@ -48,9 +48,9 @@ def test_multi_stage_schedules_do_not_carry_the_single_stage_term(schedule):
     assert PIPE.predict(plan, with_term)[0].step_time_s == PIPE.predict(plan, cost)[0].step_time_s
     one_stage = PIPE.solve(cost, (0, 1), schedule="1F1B", microbatches=2, batch=16)
     assert PIPE.predict(one_stage, with_term)[0].step_time_s > PIPE.predict(one_stage, cost)[0].step_time_s + 0.03
-    # The looped schedules carry the term of their own schedule's calibration run; the V-shaped ZBV (a
-    # hand-off on one rank) and one-stage plans carry none of those.
-    for run in ("Interleaved1F1B", "InterleavedZeroBubble"):
+    # Each multi-stage schedule carries the term of its own schedule's calibration run, not another's; one-stage
+    # plans carry none of those.
+    for run in ("Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"):
         multi = _with_action_s(cost, 0.01, schedule=run)
         added = 0.01 if schedule == run else 0.0
         for a, b in zip(PIPE.graph(plan, cost).tasks, PIPE.graph(plan, multi).tasks):
@@ -72,7 +72,7 @@ def test_multi_stage_calibration_runs_are_plans_the_search_could_pick():
     cost = synthetic_cost([1.0, 0.5], [1e-3] * 8)
     plans = calibration_multi_stage_plans(cost, 16, 1)
     assert [(p.schedule, p.stages_per_rank, p.microbatches) for p in plans] == [
-        ("Interleaved1F1B", 2, 2), ("InterleavedZeroBubble", 2, 2)]
+        ("Interleaved1F1B", 2, 2), ("InterleavedZeroBubble", 2, 2), ("ZBVZeroBubble", 2, 2)]
     for p in plans:
         assert p == PIPE.solve(cost, (0, 1), schedule=p.schedule, stages_per_rank=2, microbatches=2, batch=16)
     assert calibration_multi_stage_plans(cost, 3, 1) == []  # neither 2 nor 4 micro-batches divide the batch
