@@ -66,9 +66,12 @@ def calibration_multi_stage_plans(cost, global_batch: int, min_micro: int) -> li
     if cost.facts.batch_coupled or 2 * P > cost.facts.n_blocks:
         return []
     ms = [m for m in (P, 2 * P) if global_batch % m == 0 and global_batch // m >= min_micro]
+    if not ms:
+        return []
+    have = available_schedules()
     out = []
     for schedule in dict.fromkeys(MULTI_TERM_RUN.values()):
-        if not ms or schedule not in available_schedules():
+        if schedule not in have:
             continue
         try:
             out.append(Pipeline().solve(cost, tuple(range(P)), schedule=schedule, stages_per_rank=2,

@@ -129,8 +129,9 @@ def step_elements(cost: CostModel, lanes: Sequence[Lane], n_stages: int, precisi
         step = sum_s (c_s + l_s) + (m - 1) * v * max_s max(c_s, l_s) + tail
 
     (fill and drain cross every stage once; the steady state runs at the slowest stage or
-    link; a rank with v stages per rank of `schedule` runs v of them per round).  The tail is the optimizer step (and,
-    for hybrid, the gradient all-reduce) of stage 0, which finishes the step.  With several
+    link; a rank with v stages runs v of them per round, v read off the lanes' placement).  The tail
+    is the optimizer step (and, for hybrid, the gradient all-reduce) of stage 0, which finishes the step.
+    `schedule` picks the calibrated per-action term (`_pipeline_sched.action_term`).  With several
     lanes, each term takes the slowest lane.  Memory: each stage's parameters, gradients,
     optimizer state and `inflight[s]` micro-batches of activations must fit its device.
     """
