@@ -27,11 +27,16 @@ class Fit:
         k = self.knots
         if len(k) < 2:
             return max(0.0, self.intercept + self.slope * x)
-        i = 1
-        while i < len(k) - 1 and x > k[i][0]:
-            i += 1
-        (x0, y0), (x1, y1) = k[i - 1], k[i]
-        return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+        return max(0.0, _between(k, x))
+
+    def residual(self, x: float) -> float:
+        """This fit read as a calibrated residual, which may be negative (no floor at zero): the line, or
+        with knots the line through them piece by piece, held at the end knots' values beyond them (a
+        residual measured at a few plans says nothing of a trend past them)."""
+        k = self.knots
+        if len(k) < 2:
+            return self.intercept + self.slope * x
+        return _between(k, min(max(x, k[0][0]), k[-1][0]))
 
     @staticmethod
     def measured(xs: list[float], ys: list[float]) -> Fit:
@@ -61,6 +66,16 @@ class Fit:
         if nonneg and slope < 0:
             return Fit(intercept=my, slope=0.0)
         return Fit(intercept=my - slope * mx, slope=slope)
+
+
+def _between(k: tuple[tuple[float, float], ...], x: float) -> float:
+    """The line through knots `k` (two or more, x ascending) piece by piece at x, continued past either
+    end along the end segment."""
+    i = 1
+    while i < len(k) - 1 and x > k[i][0]:
+        i += 1
+    (x0, y0), (x1, y1) = k[i - 1], k[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
 def _non_decreasing(ys: list[float]) -> list[float]:

@@ -24,30 +24,46 @@ from .realruns import robust_step_s
 
 
 def fit_action_residual(points: list[tuple[float, float, float]]) -> Fit:
-    """Per-action residual a + b * micro from (micro-batch size, actions on the critical path, step
-    residual) of real runs: each run's residual spread over its critical actions, then a line through
-    the per-action values (a constant from one run)."""
+    """Per-action residual vs micro-batch from (micro-batch size, actions on the critical path, step
+    residual) of real runs: each run's residual spread over its critical actions; then, from two or
+    more micro-batch sizes, those values as knots (read by `Fit.residual`: piece by piece between
+    them, flat beyond) beside the line through the smallest and largest (a constant from one size).
 
-    per = [(mb, r / n) for mb, n, r in points if n > 0]
+    Knots rather than one line: the residual is not linear in the micro-batch.  vit@64 on the default
+    cluster, 2026-12-03: -2.2 ms per action at 32 samples (model parallelism), +0.2 ms at 8 (1F1B,
+    4 micro-batches); the line through them gave 1F1B with 2 micro-batches of 16 -0.6 ms, and that
+    plan measured 12 % slower than predicted in two searches (-12.1 and -12.5 %)."""
+    by_mb: dict[float, list[float]] = {}
+    for mb, n, r in points:
+        if n > 0:
+            by_mb.setdefault(float(mb), []).append(r / n)
+    per = sorted((mb, sum(v) / len(v)) for mb, v in by_mb.items())
     if not per:
         return Fit(intercept=0.0, slope=0.0)
-    if len(per) == 1 or len({mb for mb, _ in per}) == 1:
-        return Fit(intercept=sum(e for _, e in per) / len(per), slope=0.0)
+    if len(per) == 1:
+        return Fit(intercept=per[0][1], slope=0.0)
     (m1, e1), (m2, e2) = per[0], per[-1]
     b = (e2 - e1) / (m2 - m1)
-    return Fit(intercept=e1 - b * m1, slope=b)
+    return Fit(intercept=e1 - b * m1, slope=b, knots=tuple(per))
+
+
+def describe_action_residual(fit: Fit) -> str:
+    """What `fit_action_residual` gave, for the calibration's log."""
+    if fit.knots:
+        return "; ".join(f"{e * 1e3:+.1f} ms at micro-batch {mb:g}" for mb, e in fit.knots) + " per compute action"
+    return f"{fit.intercept * 1e3:+.1f} ms per compute action"
 
 
 def calibration_pipeline_plans(cost, global_batch: int, min_micro: int) -> list:
     """The pipeline runs that calibrate the per-action term: every device in order, one stage each,
     boundaries solved as the search would; one micro-batch (the largest micro-batch, model
-    parallelism), then 1F1B with 2 micro-batches per rank where the batch allows (fill, steady state
-    and drain all occur at a small micro-batch)."""
+    parallelism), then 1F1B with 2 micro-batches per rank and with one per rank where the batch allows
+    (fill, steady state and drain all occur at a small micro-batch; the searches pick both)."""
     P = len(cost.cluster.devices)
     out = []
-    ms = [m for m in (2 * P, P, 2) if global_batch % m == 0 and global_batch // m >= min_micro]
+    ms = list(dict.fromkeys(m for m in (2 * P, P, 2) if global_batch % m == 0 and global_batch // m >= min_micro))
     # A batch-coupled loss is only ever pipelined with one micro-batch (more would change its objective).
-    for m in [1] + ([] if cost.facts.batch_coupled else ms[:1]):
+    for m in [1] + ([] if cost.facts.batch_coupled else ms[:2]):
         try:
             out.append(Pipeline().solve(cost, tuple(range(P)), schedule="1F1B" if m >= P else "GPipe",
                                         microbatches=m, batch=global_batch))
@@ -84,11 +100,11 @@ def calibration_multi_stage_plans(cost, global_batch: int, min_micro: int) -> li
 def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
                        global_batch: int, repeats: int = REPEATS) -> ProfileSet:
     """Run short real pipelines on the whole cluster (each twice, a third time when the two disagree:
-    `robust_step_s`) and record the per-compute-action residual (a + b * micro-batch, like
-    `calibrate_residual` per data-parallel micro-step) that makes their simulated steps equal the
+    `robust_step_s`) and record the per-compute-action residual (per micro-batch size: `fit_action_residual`,
+    like `calibrate_residual` per data-parallel micro-step) that makes their simulated steps equal the
     measured ones: torch.distributed.pipelining's per-action work, p2p waits, contention between ranks
     and small-micro-batch costs that isolated block timings miss.  One term for one-stage-per-rank
-    schedules (two runs: `calibration_pipeline_plans`), one for each multi-stage schedule that
+    schedules (up to three runs: `calibration_pipeline_plans`), one for each multi-stage schedule that
     gives a term (a run each: `calibration_multi_stage_plans`); each measured once per group."""
     if len(next(iter(profiles.models.values())).blocks) < len(cluster.devices):
         return profiles  # fewer blocks than devices: no pipeline over the whole cluster
@@ -133,8 +149,7 @@ def _calibrate_actions(cluster: Cluster, workload, profiles: ProfileSet, root: P
             say(f"pipeline actions ({key}) carry no calibrated overhead")
             continue
         fits[key] = fit_action_residual(points)
-        say(f"pipeline calibration ({key}): {fits[key].intercept * 1e3:+.1f} ms {fits[key].slope * 1e3:+.2f} ms "
-            "x micro-batch per compute action")
+        say(f"pipeline calibration ({key}): {describe_action_residual(fits[key])}")
     if not fits:
         return profiles
     return record(profiles, root, workload,

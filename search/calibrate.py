@@ -7,7 +7,7 @@ precision searched), the gradient
 synchronisation of a uniform data-parallel step on the whole cluster and again at the split that
 balances the devices (`calibrate_sync_balanced`), what a uniform ZeRO-3 (FSDP),
 ZeRO-2 and ZeRO-1 step adds to it (`hetsim.search.calib_dataparallel`), the per-action overhead
-of two real pipelines, and (transformers) the per-all-reduce overhead of real tensor-parallel steps
+of real pipelines (one-stage ones at up to three micro-batch sizes, and each multi-stage schedule), and (transformers) the per-all-reduce overhead of real tensor-parallel steps
 (`hetsim.search.calib_modelparallel`).  This module runs them all and measures the single-device
 terms itself.  A search measures the
 terms of the families it runs (`ProfileRequest.strategies`) and the data-parallel one its baseline needs.  The profiles

@@ -224,7 +224,8 @@ class CostModel:
         """Calibrated extra time of every compute action of a pipeline schedule on this cluster at micro-batch
         mb (0 when not calibrated): torch.distributed.pipelining's per-action work, waits for peers, p2p and
         contention, as real pipeline runs measured it (`hetsim.search.calib_modelparallel.calibrate_pipeline`).
-        May be negative: it corrects the block timings too.  One-stage-per-rank schedules (GPipe, 1F1B) have
+        May be negative: it corrects the block timings too (`Fit.residual`: no floor at zero, held flat past the
+        calibrated micro-batches; the simulator floors each action's whole time at zero instead).  One-stage-per-rank schedules (GPipe, 1F1B) have
         one term (`ModelProfile.pipe_action_s`); a multi-stage `schedule` the one its own calibration run
         measured (`ModelProfile.pipe_action_multi_s`, `hetsim.strategies._pipeline_sched.action_term`)."""
         group = self.memo(("cluster_group_key",), lambda: group_key(self.cluster.devices))
@@ -234,7 +235,7 @@ class CostModel:
         def fits():
             return [getattr(m, field_name)[key] for m in self.profiles.models.values() if key in getattr(m, field_name)]
 
-        vals = [f(mb) for f in self.memo(("pipe_action_fits", field_name, key), fits)]
+        vals = [f.residual(mb) for f in self.memo(("pipe_action_fits", field_name, key), fits)]
         return max(vals) if vals else 0.0
 
     def sync_residual_s(self, group: tuple[int, ...], overlap: float | None = None) -> float:
