@@ -1,7 +1,7 @@
 """Calibration terms of the data-parallel families (`hetsim.search.calibrate` runs them): what a real
 uniform data-parallel step on the whole cluster adds to the simulated gradient synchronisation, the
-same at the split that balances the devices, and what uniform ZeRO-3 (FSDP), ZeRO-2 and ZeRO-1 steps
-add beyond it.  Each is one real plan (`robust_step_s`) and a term recorded per model kind
+same at the split that balances the devices, what uniform ZeRO-3 (FSDP), ZeRO-2 and ZeRO-1 steps
+add beyond it, and what FSDP2 with CPU offload adds on one device alone.  Each is one real plan (`robust_step_s`) and a term recorded per model kind
 (`record`)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from hetsim.strategies._dp_closed import compute_overlap, data_parallel_compute
 from hetsim.strategies.base import SearchContext
 from hetsim.strategies.ddp import DDP
 from hetsim.strategies.helpers import balance_batch
-from hetsim.strategies.zero import ZeRO
+from hetsim.strategies.zero import ZeRO, ZeROPlan
 
 from hetsim.errors import InfeasiblePlanError
 from hetsim.hardware.cluster import Cluster
@@ -140,6 +140,46 @@ def calibrate_zero1(cluster: Cluster, workload, profiles: ProfileSet, root: Path
                               "optimizer-sharded data parallelism: a real uniform ZeRO-1 step",
                               "ZeRO-1 plans keep the data-parallel term alone", zero_stage=1, repeats=repeats,
                               global_batch=global_batch)
+
+
+def calibrate_offload_single(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
+                             repeats: int = REPEATS, global_batch: int | None = None) -> ProfileSet:
+    """Run ZeRO-3 with CPU offload on the fastest device alone (the search's global batch, accumulated
+    in 2 or 4 micro-steps where it does not fit at once) and record what its simulation misses
+    (`ModelProfile.offload_single_s`), which every one-device ZeRO-2/3 offload plan on a device of that
+    kind and speed carries (bert@tiny@64: both stages, at either accumulation, missed about the same)."""
+    dev = max(range(len(cluster.devices)), key=lambda i: cluster.devices[i].speed)
+    key = group_key([cluster.devices[dev]])
+    tag = f"offload_single_s:{key}"
+    models = profiles.models.values()
+    if all(key in m.offload_single_s for m in models) or any(tag in m.calib_failed for m in models):
+        return profiles
+    cost = CostModel(cluster, profiles, workload.optimizer, has_batchnorm=workload.has_batchnorm,
+                     batch_coupled=workload.batch_coupled)
+    zero, gb = ZeRO(), global_batch or max(SMALL_BATCH_PER_DEVICE * len(cluster.devices), 16)
+    plan = None
+    for accum in (1, 2, 4):
+        cand = ZeROPlan(devices=(dev,), local_batch=(gb,), zero_stage=3, offload=True, accum_steps=accum)
+        try:
+            zero.validate(cand, cost)
+            if zero.predict(cand, cost)[0].feasible:
+                plan = cand
+                break
+        except InfeasiblePlanError:
+            continue
+    if plan is None:
+        return profiles
+    pred = zero.predict(plan, cost)[0].step_time_s
+    say(f"calibrating offloaded sharding on one device: a real {zero.label(plan)} step")
+    m, reals = whole_cluster_step(plan, cluster, workload, profiles, say, repeats)
+    if reals is None:
+        say(f"one-device offload calibration failed ({m.status}); such plans keep the data-parallel step alone")
+        if m.status != "oom":
+            return profiles
+        return record(profiles, root, workload,
+                       lambda kind, prof: replace(prof, calib_failed={**prof.calib_failed, tag: m.status}))
+    return record(profiles, root, workload, lambda kind, prof: replace(
+        prof, offload_single_s={**prof.offload_single_s, key: reals[kind] - pred}))
 
 
 def _calibrate_uniform(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say, strat, field: str,

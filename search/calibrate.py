@@ -1,14 +1,14 @@
 """The calibration step: short real runs of the strategies' own executors that add to the model
 profiles what isolated block timings miss, each term recorded beside the profile it corrects.
 
-Eight terms, each measured once per profile (or per device group) and then reused: the single-device
+Nine terms, each measured once per profile (or per device group) and then reused: the single-device
 residual (the real data-parallel executor on one device at two batch sizes, in fp32 and in each low
-precision searched), the gradient
-synchronisation of a uniform data-parallel step on the whole cluster and again at the split that
-balances the devices (`calibrate_sync_balanced`), what a uniform ZeRO-3 (FSDP),
-ZeRO-2 and ZeRO-1 step adds to it (`hetsim.search.calib_dataparallel`), the per-action overhead
-of real pipelines (one-stage ones at up to three micro-batch sizes, and each multi-stage schedule), and (transformers) the per-all-reduce overhead of real tensor-parallel steps
-(`hetsim.search.calib_modelparallel`).  This module runs them all and measures the single-device
+precision searched), the gradient synchronisation of a uniform data-parallel step on the whole
+cluster and again at the split that balances the devices (`calibrate_sync_balanced`), what a uniform
+ZeRO-3 (FSDP), ZeRO-2 and ZeRO-1 step adds to it and what FSDP2 with CPU offload adds on one device
+alone (`hetsim.search.calib_dataparallel`), the per-action overhead of real pipelines (one-stage ones
+at up to three micro-batch sizes, and each multi-stage schedule), and (transformers) the
+per-all-reduce overhead of real tensor-parallel steps (`hetsim.search.calib_modelparallel`).  This module runs them all and measures the single-device
 terms itself.  A search measures the
 terms of the families it runs (`ProfileRequest.strategies`) and the data-parallel one its baseline needs.  The profiles
 step before it is `hetsim.search.profiles`.
@@ -47,6 +47,7 @@ from hetsim.profiling.store import (
 from hetsim.types import Fit
 
 from .calib_dataparallel import (
+    calibrate_offload_single,
     calibrate_sharded,
     calibrate_sync,
     calibrate_sync_balanced,
@@ -87,6 +88,7 @@ def _calibrate_all(cluster: Cluster, workload, profiles: ProfileSet, req: Profil
             profiles = calibrate_sharded(cluster, workload, profiles, req.root, say, repeats=r, global_batch=gb)
             profiles = calibrate_zero2(cluster, workload, profiles, req.root, say, repeats=r, global_batch=gb)
             profiles = calibrate_zero1(cluster, workload, profiles, req.root, say, repeats=r, global_batch=gb)
+            profiles = calibrate_offload_single(cluster, workload, profiles, req.root, say, repeats=r, global_batch=gb)
         if searched("pipeline", "hybrid"):
             profiles = calibrate_pipeline(cluster, workload, profiles, req.root, say, req.global_batch, repeats=r)
         if searched("tp"):

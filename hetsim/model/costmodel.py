@@ -273,6 +273,17 @@ class CostModel:
         ZeRO-2 `calibrate_zero2`, ZeRO-1 `calibrate_zero1`)."""
         return self._group_term(ZERO_RESIDUAL_FIELDS[stage], group)
 
+    def offload_single_s(self, dev: int) -> float:
+        """Calibrated extra time of a ZeRO-2/3 step with CPU offload on device `dev` alone
+        (`ModelProfile.offload_single_s`, `hetsim.search.calib_dataparallel.calibrate_offload_single`; 0 when
+        not calibrated)."""
+        def term() -> float:
+            key = group_key([self.device(dev)])
+            vals = [m.offload_single_s[key] for m in self.profiles.models.values() if key in m.offload_single_s]
+            return max(0.0, max(vals)) if vals else 0.0
+
+        return self.memo(("offload_single", dev), term)
+
     def tp_collective_s(self, group: tuple[int, ...], dtensor: bool) -> float:
         """Calibrated extra time of every all-reduce of a tensor-parallel layer over this tensor group,
         for DTensor's even shards or per-rank slices (`hetsim.search.calib_modelparallel.calibrate_tp`)."""

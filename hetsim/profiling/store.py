@@ -119,6 +119,14 @@ class ModelProfile:
     """By group (`group_key`): the same for a real uniform ZeRO-2 step (FSDP2 without resharding after
     forward: per-block all-gathers in forward, reduce-scatters in backward); on CPU ranks it measured
     close to ZeRO-3 (vit@tiny@32: 0.28 s against 0.22 simulated and 0.23 for DDP)."""
+    offload_single_s: dict[str, float] = field(default_factory=dict)
+    """By one device (`group_key` of that device alone): a real FSDP2 step with CPU offload on that device
+    alone (ZeRO-3, the search's global batch) minus its simulated step; ZeRO-2 and ZeRO-3 offload plans on
+    one device carry it.  Simulated, such a plan is the device's data-parallel step plus the host optimizer
+    step and copies; FSDP2's per-block hooks and offload bookkeeping on one rank were missing: bert@tiny@64
+    on the default cluster (2026-12-03, interleaved runs on dev 0) measured ZeRO-2 and ZeRO-3 offload,
+    accumulation 1 and 2, 16-18 % slower than simulated, about 40 ms a step whatever the stage or the
+    accumulation; resnet50@64 main jobs read 11-12 %.  Empty in profiles recorded before it."""
     calib_failed: dict[str, str] = field(default_factory=dict)
     """By `FIELD:group_key`: the status of a calibration run that failed (e.g. 'oom' on devices too
     small for the uniform plan), so later searches do not repeat it; `--reprofile` measures again."""

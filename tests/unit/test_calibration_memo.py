@@ -62,7 +62,7 @@ def test_one_repeat_runs_each_calibration_plan_once(make_cost, gn_profile, tmp_p
     monkeypatch.setattr(calibrate, "calibrate_devices", lambda c, w, p, r, s: p)
     req = ProfileRequest(root=tmp_path, global_batch=16, precisions=("fp32",), strategies=("ddp", "zero"), repeats=1)
     profiles = calibrate.calibrate(cost.cluster, gn_profile[0], cost.profiles, req, say=lambda m: None)
-    assert len(calls) == 5  # data parallel (uniform, balanced), ZeRO-3, ZeRO-2, ZeRO-1: one run each
+    assert len(calls) == 6  # data parallel (uniform, balanced), ZeRO-3, ZeRO-2, ZeRO-1, one-device offload: one each
     key = next(iter(next(iter(profiles.models.values())).sync_residual_s))
     sim = DDP().predict(calls[0], cost)[0].step_time_s
     assert next(iter(profiles.models.values())).sync_residual_s[key] == pytest.approx(5.0 - sim)
@@ -143,10 +143,10 @@ def test_tensor_parallel_calibration_covers_the_groups_of_replicated_plans(make_
 
 @pytest.mark.parametrize("strategies, terms", [
     (("ddp",), ["sync"]),
-    (("zero",), ["sync", "sharded", "zero2", "zero1"]),
+    (("zero",), ["sync", "sharded", "zero2", "zero1", "offload_single"]),
     (("hybrid",), ["sync", "pipeline"]),
     (("tp", "ddp"), ["sync", "tp"]),
-    (None, ["sync", "sharded", "zero2", "zero1", "pipeline", "tp"]),
+    (None, ["sync", "sharded", "zero2", "zero1", "offload_single", "pipeline", "tp"]),
 ])
 def test_calibration_measures_the_terms_of_the_families_searched(make_cost, gn_profile, tmp_path, monkeypatch,
                                                                  strategies, terms):
@@ -156,7 +156,7 @@ def test_calibration_measures_the_terms_of_the_families_searched(make_cost, gn_p
     cost = make_cost("emu:1.0@4G,0.5@4G")
     called = []
     monkeypatch.setattr(calibrate, "calibrate_devices", lambda c, w, p, r, s: p)
-    for name in ("sync", "sharded", "zero2", "zero1", "pipeline", "tp"):
+    for name in ("sync", "sharded", "zero2", "zero1", "offload_single", "pipeline", "tp"):
         monkeypatch.setattr(calibrate, f"calibrate_{name}", lambda c, w, p, *a, name=name, **k: called.append(name) or p)
     req = ProfileRequest(root=tmp_path, global_batch=16, precisions=("fp32",), strategies=strategies)
     calibrate.calibrate(cost.cluster, gn_profile[0], cost.profiles, req, say=lambda m: None)
@@ -257,7 +257,7 @@ def test_uniform_terms_are_calibrated_at_the_searched_batch_when_it_fits(make_co
     req = ProfileRequest(root=tmp_path, global_batch=40, precisions=("fp32",), strategies=("ddp", "zero"), repeats=1)
     calibrate.calibrate(cost.cluster, gn_profile[0], cost.profiles, req, say=lambda m: None)
     assert [(p.local_batch, getattr(p, "zero_stage", None)) for p in ran] == [
-        ((20, 20), None), ((27, 13), None), ((20, 20), 3), ((20, 20), 2), ((20, 20), 1)]
+        ((20, 20), None), ((27, 13), None), ((20, 20), 3), ((20, 20), 2), ((20, 20), 1), ((40,), 3)]
 
     huge = 1 << 14
     assert not DDP().predict(DDPPlan(devices=(0, 1), local_batch=(huge // 2, huge // 2)),
@@ -301,3 +301,37 @@ def test_term_for_solves_a_term_hidden_in_part_behind_compute():
 
     assert calib_dataparallel.term_for(1.5, predicted) == pytest.approx(0.8, abs=1e-3)
     assert calib_dataparallel.term_for(0.9, predicted) == pytest.approx(-0.1)  # below the model's floor
+
+
+def test_one_device_offload_term_makes_its_plan_step_as_measured(make_cost, gn_profile, tmp_path, monkeypatch):
+    """ZeRO-3 with CPU offload on the fastest device alone, measured minus simulated: one-device ZeRO-2 and
+    ZeRO-3 offload plans on that device carry it; plans on the other device or on several do not."""
+    from hetsim.strategies.zero import ZeROPlan
+
+    cost = make_cost("emu:0.5@4G,1.0@4G")
+    runs = []
+
+    def fake_measure(plan, **k):
+        runs.append(plan)
+        return Measurement(status="ok", step_time_s=3.0)
+
+    monkeypatch.setattr(realruns, "measure", fake_measure)
+    said: list[str] = []
+    profiles = calib_dataparallel.calibrate_offload_single(cost.cluster, gn_profile[0], cost.profiles, tmp_path,
+                                                           said.append, global_batch=16)
+    assert [(p.devices, p.zero_stage, p.offload, p.local_batch) for p in runs] == [((1,), 3, True, (16,))] * 2
+    assert "one device" in said[0]
+    after = CostModel(cost.cluster, profiles, cost.optimizer, has_batchnorm=cost.facts.has_batchnorm)
+    zero = ZeRO()
+    assert zero.predict(runs[0], after)[0].step_time_s == pytest.approx(3.0)
+    gained = zero.predict(runs[0], after)[0].step_time_s - zero.predict(runs[0], cost)[0].step_time_s
+    assert gained > 0
+    for plan, carries in ((ZeROPlan(devices=(1,), local_batch=(16,), zero_stage=2, offload=True, accum_steps=2), True),
+                          (ZeROPlan(devices=(0,), local_batch=(16,), zero_stage=3, offload=True), False),
+                          (ZeROPlan(devices=(0, 1), local_batch=(8, 8), zero_stage=3, offload=True), False)):
+        grown = zero.predict(plan, after)[0].step_time_s - zero.predict(plan, cost)[0].step_time_s
+        assert grown == pytest.approx(gained if carries else 0.0, abs=1e-9)
+    # Recorded once: a later calibration reuses it.
+    again = calib_dataparallel.calibrate_offload_single(cost.cluster, gn_profile[0], profiles, tmp_path, said.append,
+                                                        global_batch=16)
+    assert len(runs) == 2 and again is profiles
