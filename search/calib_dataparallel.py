@@ -1,8 +1,8 @@
 """Calibration terms of the data-parallel families (`hetsim.search.calibrate` runs them): what a real
 uniform data-parallel step on the whole cluster adds to the simulated gradient synchronisation, the
 same at the split that balances the devices, what uniform ZeRO-3 (FSDP), ZeRO-2 and ZeRO-1 steps
-add beyond it, and what FSDP2 with CPU offload adds on one device alone.  Each is one real plan (`robust_step_s`) and a term recorded per model kind
-(`record`)."""
+add beyond it, and what FSDP2 with CPU offload adds on one device alone.  Each is one real plan
+(`robust_step_s`) and a term recorded per model kind (`record`)."""
 
 from __future__ import annotations
 
@@ -174,10 +174,7 @@ def calibrate_offload_single(cluster: Cluster, workload, profiles: ProfileSet, r
     m, reals = whole_cluster_step(plan, cluster, workload, profiles, say, repeats)
     if reals is None:
         say(f"one-device offload calibration failed ({m.status}); such plans keep the data-parallel step alone")
-        if m.status != "oom":
-            return profiles
-        return record(profiles, root, workload,
-                       lambda kind, prof: replace(prof, calib_failed={**prof.calib_failed, tag: m.status}))
+        return remember_failure(profiles, root, workload, tag, m.status)
     return record(profiles, root, workload, lambda kind, prof: replace(
         prof, offload_single_s={**prof.offload_single_s, key: reals[kind] - pred}))
 
@@ -207,12 +204,19 @@ def _calibrate_uniform(cluster: Cluster, workload, profiles: ProfileSet, root: P
     m, reals = whole_cluster_step(plan, cluster, workload, profiles, say, repeats)
     if reals is None:
         say(f"{what.split(':')[0]} calibration failed ({m.status}); {fallback}")
-        if m.status != "oom":  # a crash or timeout may pass next time; running out of memory will not
-            return profiles
-        return record(profiles, root, workload,
-                       lambda kind, prof: replace(prof, calib_failed={**prof.calib_failed, tag: m.status}))
+        return remember_failure(profiles, root, workload, tag, m.status)
     return record(profiles, root, workload, lambda kind, prof: replace(
         prof, **{field: {**getattr(prof, field), key: reals[kind] - pred.step_time_s}}))
+
+
+def remember_failure(profiles: ProfileSet, root: Path, workload, tag: str, status: str) -> ProfileSet:
+    """After a failed calibration run: an out-of-memory status recorded under `tag` in every model profile
+    (`ModelProfile.calib_failed`: later searches do not repeat it); anything else is not (a crash or a
+    timeout may pass next time; running out of memory will not)."""
+    if status != "oom":
+        return profiles
+    return record(profiles, root, workload, lambda kind, prof: replace(prof, calib_failed={**prof.calib_failed,
+                                                                                          tag: status}))
 
 
 def whole_cluster_step(plan, cluster: Cluster, workload, profiles: ProfileSet, say: Say,

@@ -8,10 +8,10 @@ cluster and again at the split that balances the devices (`calibrate_sync_balanc
 ZeRO-3 (FSDP), ZeRO-2 and ZeRO-1 step adds to it and what FSDP2 with CPU offload adds on one device
 alone (`hetsim.search.calib_dataparallel`), the per-action overhead of real pipelines (one-stage ones
 at up to three micro-batch sizes, and each multi-stage schedule), and (transformers) the
-per-all-reduce overhead of real tensor-parallel steps (`hetsim.search.calib_modelparallel`).  This module runs them all and measures the single-device
-terms itself.  A search measures the
-terms of the families it runs (`ProfileRequest.strategies`) and the data-parallel one its baseline needs.  The profiles
-step before it is `hetsim.search.profiles`.
+per-all-reduce overhead of real tensor-parallel steps (`hetsim.search.calib_modelparallel`).  This
+module runs them all and measures the single-device terms itself.  A search measures the terms of the
+families it runs (`ProfileRequest.strategies`) and the data-parallel one its baseline needs.  The
+profiles step before it is `hetsim.search.profiles`.
 
 Every term rests on `--repeats` real runs of its plan (`ProfileRequest.repeats`, default two, and a
 third when those two disagree by more than the noise floor: `hetsim.search.realruns.robust_step_s`): one run that fell into a

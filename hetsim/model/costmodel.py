@@ -226,9 +226,9 @@ class CostModel:
         contention, as real pipeline runs measured it (`hetsim.search.calib_modelparallel.calibrate_pipeline`).
         Read at the calibrated micro-batches, held flat past them (`Fit.residual`), and floored at zero: a
         negative fit (real runs faster than simulated) is not carried to plans of many small actions.  With
-        gpt@tiny@64 (-2.8 ms an action at 4-8 samples, -5.8 ms at 32, from its model-parallel and 1F1B runs)
-        the search's top three pipelines, with 8 micro-batches of 4, were predicted 59-69 % fast.  One-stage-per-rank schedules (GPipe, 1F1B) have
-        one term (`ModelProfile.pipe_action_s`); a multi-stage `schedule` the one its own calibration run
+        gpt@tiny@64 (-2.8 ms an action at 4-8 samples, -5.8 ms at 32, from its model-parallel and 1F1B
+        runs) the search's top three pipelines, with 8 micro-batches of 4, were predicted 59-69 % fast.
+        One-stage-per-rank schedules (GPipe, 1F1B) have one term (`ModelProfile.pipe_action_s`); a multi-stage `schedule` the one its own calibration run
         measured (`ModelProfile.pipe_action_multi_s`, `hetsim.strategies._pipeline_sched.action_term`)."""
         group = self.memo(("cluster_group_key",), lambda: group_key(self.cluster.devices))
         field_name, key = ("pipe_action_s", group) if schedule is None else ("pipe_action_multi_s",
@@ -277,22 +277,17 @@ class CostModel:
         """Calibrated extra time of a ZeRO-2/3 step with CPU offload on device `dev` alone
         (`ModelProfile.offload_single_s`, `hetsim.search.calib_dataparallel.calibrate_offload_single`; 0 when
         not calibrated)."""
-        def term() -> float:
-            key = group_key([self.device(dev)])
-            vals = [m.offload_single_s[key] for m in self.profiles.models.values() if key in m.offload_single_s]
-            return max(0.0, max(vals)) if vals else 0.0
-
-        return self.memo(("offload_single", dev), term)
+        return self._group_term("offload_single_s", (dev,), min_devices=1)
 
     def tp_collective_s(self, group: tuple[int, ...], dtensor: bool) -> float:
         """Calibrated extra time of every all-reduce of a tensor-parallel layer over this tensor group,
         for DTensor's even shards or per-rank slices (`hetsim.search.calib_modelparallel.calibrate_tp`)."""
         return self._group_term("tp_dtensor_collective_s" if dtensor else "tp_collective_s", group)
 
-    def _group_term(self, field: str, group: tuple[int, ...]) -> float:
-        """A calibrated per-group term of the model profiles (0 for one device or an uncalibrated group);
-        memoised, since the closed forms ask for it on every evaluation."""
-        if len(group) <= 1:
+    def _group_term(self, field: str, group: tuple[int, ...], min_devices: int = 2) -> float:
+        """A calibrated per-group term of the model profiles (0 for fewer than `min_devices` or an
+        uncalibrated group); memoised, since the closed forms ask for it on every evaluation."""
+        if len(group) < min_devices:
             return 0.0
 
         def term() -> float:
