@@ -169,14 +169,10 @@ def calibrate_offload_single(cluster: Cluster, workload, profiles: ProfileSet, r
             continue
     if plan is None:
         return profiles
-    pred = zero.predict(plan, cost)[0].step_time_s
     say(f"calibrating offloaded sharding on one device: a real {zero.label(plan)} step")
-    m, reals = whole_cluster_step(plan, cluster, workload, profiles, say, repeats)
-    if reals is None:
-        say(f"one-device offload calibration failed ({m.status}); such plans keep the data-parallel step alone")
-        return remember_failure(profiles, root, workload, tag, m.status)
-    return record(profiles, root, workload, lambda kind, prof: replace(
-        prof, offload_single_s={**prof.offload_single_s, key: reals[kind] - pred}))
+    return _record_residual(plan, zero.predict(plan, cost)[0].step_time_s, "offload_single_s", key, cluster, workload,
+                            profiles, root, say, repeats,
+                            "one-device offload calibration failed ({}); such plans keep the data-parallel step alone")
 
 
 def _calibrate_uniform(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say, strat, field: str,
@@ -199,14 +195,22 @@ def _calibrate_uniform(cluster: Cluster, workload, profiles: ProfileSet, root: P
     plan = uniform_plan(strat, cost, global_batch, zero_stage)
     if plan is None:
         return profiles
-    pred = strat.predict(plan, cost)[0]
     say(f"calibrating {what} on all {len(cluster.devices)} devices ({'/'.join(map(str, plan.local_batch))})")
+    return _record_residual(plan, strat.predict(plan, cost)[0].step_time_s, field, key, cluster, workload, profiles,
+                            root, say, repeats, f"{what.split(':')[0]} calibration failed ({{}}); {fallback}")
+
+
+def _record_residual(plan, pred_s: float, field: str, key: str, cluster: Cluster, workload, profiles: ProfileSet,
+                     root: Path, say: Say, repeats: int, failed: str) -> ProfileSet:
+    """Real runs of `plan` (`whole_cluster_step`); their step minus `pred_s` stored in each model profile's
+    `field` under `key`.  A failed run is said (`failed`, formatted with its status) and, when out of
+    memory, remembered under `FIELD:key` (`remember_failure`)."""
     m, reals = whole_cluster_step(plan, cluster, workload, profiles, say, repeats)
     if reals is None:
-        say(f"{what.split(':')[0]} calibration failed ({m.status}); {fallback}")
-        return remember_failure(profiles, root, workload, tag, m.status)
+        say(failed.format(m.status))
+        return remember_failure(profiles, root, workload, f"{field}:{key}", m.status)
     return record(profiles, root, workload, lambda kind, prof: replace(
-        prof, **{field: {**getattr(prof, field), key: reals[kind] - pred.step_time_s}}))
+        prof, **{field: {**getattr(prof, field), key: reals[kind] - pred_s}}))
 
 
 def remember_failure(profiles: ProfileSet, root: Path, workload, tag: str, status: str) -> ProfileSet:
