@@ -171,8 +171,8 @@ def calibrate_offload_single(cluster: Cluster, workload, profiles: ProfileSet, r
         return profiles
     say(f"calibrating offloaded sharding on one device: a real {zero.label(plan)} step")
     return _record_residual(plan, zero.predict(plan, cost)[0].step_time_s, "offload_single_s", key, cluster, workload,
-                            profiles, root, say, repeats,
-                            "one-device offload calibration failed ({}); such plans keep the data-parallel step alone")
+                            profiles, root, say, repeats, "one-device offload",
+                            "such plans keep the data-parallel step alone")
 
 
 def _calibrate_uniform(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say, strat, field: str,
@@ -197,17 +197,17 @@ def _calibrate_uniform(cluster: Cluster, workload, profiles: ProfileSet, root: P
         return profiles
     say(f"calibrating {what} on all {len(cluster.devices)} devices ({'/'.join(map(str, plan.local_batch))})")
     return _record_residual(plan, strat.predict(plan, cost)[0].step_time_s, field, key, cluster, workload, profiles,
-                            root, say, repeats, f"{what.split(':')[0]} calibration failed ({{}}); {fallback}")
+                            root, say, repeats, what.split(":")[0], fallback)
 
 
 def _record_residual(plan, pred_s: float, field: str, key: str, cluster: Cluster, workload, profiles: ProfileSet,
-                     root: Path, say: Say, repeats: int, failed: str) -> ProfileSet:
+                     root: Path, say: Say, repeats: int, name: str, fallback: str) -> ProfileSet:
     """Real runs of `plan` (`whole_cluster_step`); their step minus `pred_s` stored in each model profile's
-    `field` under `key`.  A failed run is said (`failed`, formatted with its status) and, when out of
-    memory, remembered under `FIELD:key` (`remember_failure`)."""
+    `field` under `key`.  A failed run is said ("`name` calibration failed (status); `fallback`") and,
+    when out of memory, remembered under `FIELD:key` (`remember_failure`)."""
     m, reals = whole_cluster_step(plan, cluster, workload, profiles, say, repeats)
     if reals is None:
-        say(failed.format(m.status))
+        say(f"{name} calibration failed ({m.status}); {fallback}")
         return remember_failure(profiles, root, workload, f"{field}:{key}", m.status)
     return record(profiles, root, workload, lambda kind, prof: replace(
         prof, **{field: {**getattr(prof, field), key: reals[kind] - pred_s}}))

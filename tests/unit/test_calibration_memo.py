@@ -12,6 +12,14 @@ from hetsim.profiling.store import group_key
 from hetsim.types import Measurement
 
 
+def _every_run_steps(monkeypatch, step_s: float) -> list:
+    """Every real run (`realruns.measure`) steps `step_s`; the plans run, in order, in the list returned."""
+    ran: list = []
+    monkeypatch.setattr(realruns, "measure", lambda plan, **k: ran.append(plan) or Measurement(status="ok",
+                                                                                             step_time_s=step_s))
+    return ran
+
+
 @pytest.mark.parametrize("status, runs", [("oom", 1), ("error", 2)])
 def test_failed_uniform_calibration(make_cost, gn_profile, tmp_path, monkeypatch, status, runs):
     wl = gn_profile[0]
@@ -52,13 +60,7 @@ def test_one_repeat_runs_each_calibration_plan_once(make_cost, gn_profile, tmp_p
     from hetsim.profiling.obtain import ProfileRequest
 
     cost = make_cost("emu:1.0@4G,0.5@4G")
-    calls = []
-
-    def fake_measure(plan, **k):
-        calls.append(plan)
-        return Measurement(status="ok", step_time_s=5.0)
-
-    monkeypatch.setattr(realruns, "measure", fake_measure)
+    calls = _every_run_steps(monkeypatch, 5.0)
     monkeypatch.setattr(calibrate, "calibrate_devices", lambda c, w, p, r, s: p)
     req = ProfileRequest(root=tmp_path, global_batch=16, precisions=("fp32",), strategies=("ddp", "zero"), repeats=1)
     profiles = calibrate.calibrate(cost.cluster, gn_profile[0], cost.profiles, req, say=lambda m: None)
@@ -251,8 +253,7 @@ def test_uniform_terms_are_calibrated_at_the_searched_batch_when_it_fits(make_co
     from hetsim.profiling.obtain import ProfileRequest
 
     cost = make_cost("emu:1.0@4G,0.5@4G")
-    ran = []
-    monkeypatch.setattr(realruns, "measure", lambda plan, **k: ran.append(plan) or Measurement(status="ok", step_time_s=1.0))
+    ran = _every_run_steps(monkeypatch, 1.0)
     monkeypatch.setattr(calibrate, "calibrate_devices", lambda c, w, p, r, s: p)
     req = ProfileRequest(root=tmp_path, global_batch=40, precisions=("fp32",), strategies=("ddp", "zero"), repeats=1)
     calibrate.calibrate(cost.cluster, gn_profile[0], cost.profiles, req, say=lambda m: None)
@@ -309,13 +310,7 @@ def test_one_device_offload_term_makes_its_plan_step_as_measured(make_cost, gn_p
     from hetsim.strategies.zero import ZeROPlan
 
     cost = make_cost("emu:0.5@4G,1.0@4G")
-    runs = []
-
-    def fake_measure(plan, **k):
-        runs.append(plan)
-        return Measurement(status="ok", step_time_s=3.0)
-
-    monkeypatch.setattr(realruns, "measure", fake_measure)
+    runs = _every_run_steps(monkeypatch, 3.0)
     said: list[str] = []
     profiles = calib_dataparallel.calibrate_offload_single(cost.cluster, gn_profile[0], cost.profiles, tmp_path,
                                                            said.append, global_batch=16)
