@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from hetsim.strategies._pipeline_sched import MULTI_TERM_RUN, available_schedules
+from hetsim.strategies._pipeline_sched import MULTI_TERM_RUN, V_SHAPED, available_schedules
 from hetsim.strategies.pipeline import Pipeline
 
 from hetsim.errors import InfeasiblePlanError
@@ -47,10 +47,10 @@ def fit_action_residual(points: list[tuple[float, float, float]]) -> Fit:
     return Fit(intercept=e1 - b * m1, slope=b, knots=tuple(per))
 
 
-def describe_action_residual(fit: Fit) -> str:
-    """What `fit_action_residual` gave, for the calibration's log."""
+def describe_action_residual(fit: Fit, at: str = "micro-batch {:g}") -> str:
+    """What `fit_action_residual` gave, for the calibration's log (`at` names where each knot was measured)."""
     if fit.knots:
-        return "; ".join(f"{e * 1e3:+.1f} ms at micro-batch {mb:g}" for mb, e in fit.knots) + " per compute action"
+        return "; ".join(f"{e * 1e3:+.1f} ms at {at.format(x)}" for x, e in fit.knots) + " per compute action"
     return f"{fit.intercept * 1e3:+.1f} ms per compute action"
 
 
@@ -73,27 +73,33 @@ def calibration_pipeline_plans(cost, global_batch: int, min_micro: int) -> list:
 
 
 def calibration_multi_stage_plans(cost, global_batch: int, min_micro: int) -> list:
-    """The runs that calibrate the multi-stage schedules' per-action terms: one per schedule that gives a
-    term (`MULTI_TERM_RUN`: Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble), two stages per rank over
-    every device in order, P micro-batches (2P when P do not divide the batch), boundaries solved as the
-    search would; none when the model has fewer than 2P blocks or the loss is batch-coupled, and none for
-    a schedule the installed torch lacks."""
+    """The runs that calibrate the multi-stage schedules' per-action terms, two per schedule that gives a
+    term (`MULTI_TERM_RUN`: Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble) over every device in
+    order, boundaries solved as the search would: two stages per rank with P micro-batches (2P when P do
+    not divide the batch), and the most actions a rank runs in the search's space up to 4P micro-batches
+    (the most stages per rank that the model's blocks allow, ZBV always 2; the most micro-batches that
+    divide the batch with at least `min_micro` samples each).  The term is fitted in micro-batches x
+    stages per rank (`_pipeline_sched.action_term`).  None when the model has fewer than 2P blocks or
+    the loss is batch-coupled, and none for a schedule the installed torch lacks."""
     P = len(cost.cluster.devices)
     if cost.facts.batch_coupled or 2 * P > cost.facts.n_blocks:
         return []
-    ms = [m for m in (P, 2 * P) if global_batch % m == 0 and global_batch // m >= min_micro]
-    if not ms:
+    ms = [m for m in range(1, 4 * P + 1) if global_batch % m == 0 and global_batch // m >= min_micro]
+    first = [m for m in (P, 2 * P) if m in ms]
+    if not first:
         return []
     have = available_schedules()
     out = []
     for schedule in dict.fromkeys(MULTI_TERM_RUN.values()):
         if schedule not in have:
             continue
-        try:
-            out.append(Pipeline().solve(cost, tuple(range(P)), schedule=schedule, stages_per_rank=2,
-                                        microbatches=ms[0], batch=global_batch))
-        except InfeasiblePlanError:
-            continue
+        v_most = 2 if schedule in V_SHAPED else max(v for v in (2, 3, 4) if v * P <= cost.facts.n_blocks)
+        for v, m in dict.fromkeys([(2, first[0]), (v_most, ms[-1])]):
+            try:
+                out.append(Pipeline().solve(cost, tuple(range(P)), schedule=schedule, stages_per_rank=v,
+                                            microbatches=m, batch=global_batch))
+            except InfeasiblePlanError:
+                continue
     return out
 
 
@@ -110,16 +116,26 @@ def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: P
         return profiles  # fewer blocks than devices: no pipeline over the whole cluster
     group = group_key(cluster.devices)
     profiles = _calibrate_actions(cluster, workload, profiles, root, say, global_batch, repeats, "pipe_action_s",
-                                  lambda plans: {group: plans}, calibration_pipeline_plans)
+                                  lambda plans: {group: plans}, calibration_pipeline_plans,
+                                  lambda plan: float(plan.micro_batch), "micro-batch {:g}")
+
+    def by_schedule(plans) -> dict:
+        out: dict = {}
+        for p in plans:
+            out.setdefault(multi_stage_key(p.schedule, group), []).append(p)
+        return out
+
     return _calibrate_actions(cluster, workload, profiles, root, say, global_batch, repeats, "pipe_action_multi_s",
-                              lambda plans: {multi_stage_key(p.schedule, group): [p] for p in plans},
-                              calibration_multi_stage_plans)
+                              by_schedule, calibration_multi_stage_plans,
+                              lambda plan: float(plan.microbatches * plan.stages_per_rank),
+                              "{:g} micro-batches x stages per rank")
 
 
 def _calibrate_actions(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say, global_batch: int,
-                       repeats: int, field_name: str, keyed, plans_for) -> ProfileSet:
+                       repeats: int, field_name: str, keyed, plans_for, at, at_label: str) -> ProfileSet:
     """`calibrate_pipeline` for one field: `plans_for` gives the calibration runs, `keyed` groups them by
-    the key of the term they fit; keys every model profile already has are not measured again."""
+    the key of the term they fit, `at` gives the value a run's residual is fitted at (`fit_action_residual`);
+    keys every model profile already has are not measured again."""
     def cost_with(terms: dict[str, Fit]) -> CostModel:
         models = {k: replace(p, **{field_name: {**getattr(p, field_name), **terms}}) for k, p in profiles.models.items()}
         return CostModel(cluster, replace(profiles, models=models), workload.optimizer,
@@ -144,12 +160,12 @@ def _calibrate_actions(cluster: Cluster, workload, profiles: ProfileSet, root: P
             delta = 1e-3  # actions on the critical path: how much 1 ms more per action lengthens the step
             n_crit = (pipe.predict(plan, cost_with({key: Fit(intercept=delta, slope=0.0)}))[0].step_time_s - pred0) / delta
             say(f"  measured {real:.3f} s, simulated {pred0:.3f} s over {n_crit:.0f} critical actions")
-            points.append((float(plan.micro_batch), n_crit, real - pred0))
+            points.append((at(plan), n_crit, real - pred0))
         if not points:
             say(f"pipeline actions ({key}) carry no calibrated overhead")
             continue
         fits[key] = fit_action_residual(points)
-        say(f"pipeline calibration ({key}): {describe_action_residual(fits[key])}")
+        say(f"pipeline calibration ({key}): {describe_action_residual(fits[key], at_label)}")
     if not fits:
         return profiles
     return record(profiles, root, workload,

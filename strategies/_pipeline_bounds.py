@@ -120,7 +120,7 @@ def _least_bottleneck(rows: Rows, n_blocks: int) -> float:
 
 def step_elements(cost: CostModel, lanes: Sequence[Lane], n_stages: int, precision: str, ckpt: int,
                   inflight: Sequence[int], tail_s: Callable[[int, int, int, int], float] | None = None,
-                  schedule: str = "GPipe") -> Elem:
+                  schedule: str = "GPipe", m: int = 1) -> Elem:
     """Element costs of the analytic step time that `solve_boundaries` minimises.
 
     For one lane (pipeline) with per-micro-batch stage times c_s (forward + backward +
@@ -161,7 +161,7 @@ def step_elements(cost: CostModel, lanes: Sequence[Lane], n_stages: int, precisi
                 return None
             acc = pre(d, lane.micro)
             c = (acc[hi] - acc[lo] + cost.stage_overhead_s(d, lo, hi, lane.micro, precision)
-                 + 2 * action_term(cost, schedule, lane.micro))  # F and B
+                 + 2 * action_term(cost, schedule, lane.micro, m * v))  # F and B
             link = 0.0
             if s + 1 < n_stages and lane.stage_devices[s + 1] != d:
                 nbytes = cost.blocks()[hi - 1].out_bytes_per_sample * lane.micro
@@ -194,7 +194,7 @@ def solve_boundaries(cost: CostModel, lanes: Sequence[Lane], n_stages: int, m: i
                      inflight: Sequence[int], schedule: str = "GPipe",
                      tail_s: Callable[[int, int, int, int], float] | None = None) -> tuple[int, ...]:
     """Stage boundaries that minimise the analytic step time under every device's memory cap (exact DP)."""
-    elem = step_elements(cost, lanes, n_stages, precision, ckpt, inflight, tail_s, schedule)
+    elem = step_elements(cost, lanes, n_stages, precision, ckpt, inflight, tail_s, schedule, m)
     _, bounds = min_sum_plus_max(n_stages, cost.facts.n_blocks, elem, float(m - 1))
     return bounds
 

@@ -104,9 +104,10 @@ MULTI_TERM_RUN = {"Interleaved1F1B": "Interleaved1F1B", "LoopedBFS": "Interleave
 (`hetsim.search.calib_modelparallel.calibration_multi_stage_plans`)."""
 
 
-def action_term(cost: CostModel, schedule: str, micro: float) -> float:
+def action_term(cost: CostModel, schedule: str, micro: float, chunks: int) -> float:
     """The calibrated per-action term (`CostModel.pipeline_action_s`) of a `schedule` pipeline at
-    micro-batch `micro`.
+    micro-batch `micro` (one-stage schedules) or with `chunks` = micro-batches x stages per rank
+    (multi-stage schedules).
 
     One-stage-per-rank schedules (GPipe, 1F1B) carry the term fitted on GPipe and 1F1B runs: torch waits
     on their sends and receives at every action (1F1B fuses each send with the next receive and waits
@@ -121,11 +122,18 @@ def action_term(cost: CostModel, schedule: str, micro: float) -> float:
     (`MULTI_TERM_RUN`, `ModelProfile.pipe_action_multi_s`; 0 in recordings made before it), as they
     differ: without any, fresh main jobs (resnet50@64) read Interleaved1F1B -8.0 %, InterleavedZeroBubble
     v=2 -7.1 % and v=4 -12.9 %, ZBV -0.3 to -3.7 %, and vit's Interleaved1F1B -18.3 %; with Interleaved1F1B's
-    term, InterleavedZeroBubble v=2 read +12.4 %; and bert's ZBV read -14.7 % without a term."""
+    term, InterleavedZeroBubble v=2 read +12.4 %; and bert's ZBV read -14.7 % without a term.
+
+    A multi-stage term is read by `chunks`, not by micro-batch size: its calibration runs two shapes of
+    each schedule (`hetsim.search.calib_modelparallel.calibration_multi_stage_plans`), and what they miss
+    grows with the actions a rank runs.  gpt@tiny@64 on the default cluster, 2026-12-03, two interleaved
+    runs of each plan, measured minus simulated without a term, per critical action:
+    InterleavedZeroBubble -1.0 ms at 2 stages x 2 micro-batches, -0.1 at 2 x 4, +0.3 at 2 x 8, -0.1 at
+    3 x 2 and +0.9 at 3 x 8 (that plan measured 0.235 s where one term from 2 x 2 said 0.169)."""
     if schedule in SINGLE_STAGE:
         return cost.pipeline_action_s(micro)
     run = MULTI_TERM_RUN.get(schedule)
-    return cost.pipeline_action_s(micro, schedule=run) if run else 0.0
+    return cost.pipeline_action_s(chunks, schedule=run) if run else 0.0
 
 
 # ----------------------------------------------------------------------------- action lists
@@ -253,7 +261,7 @@ def add_pipeline(g: TaskGraph, cost: CostModel, devices: Sequence[int], boundari
     v = n_stages // n_ranks
     acts = rank_actions(schedule, n_ranks, m, v)
     dev_of = [devices[stage_rank(schedule, n_ranks, s)] for s in range(n_stages)]
-    extra = action_term(cost, schedule, micro)  # hetsim.search.calib_modelparallel.calibrate_pipeline
+    extra = action_term(cost, schedule, micro, m * v)  # hetsim.search.calib_modelparallel.calibrate_pipeline
     specs = _TaskSpecs(cost, boundaries, dev_of, micro, precision, ckpt, tag, extra)
     # Pass 1: every task as a spec with symbolic dependencies; ids are known before adding.
     for r, rank_acts in enumerate(acts):

@@ -120,7 +120,7 @@ def replica_time(cost: CostModel, stage_devs: tuple[int, ...], bounds: tuple[int
                  precision: str, ckpt: int, inflight, tail) -> float:
     """Analytic step time of one replica (the DP's objective); inf when a stage does not fit."""
     n_stages = len(bounds) - 1
-    elem = step_elements(cost, [Lane(stage_devs, micro)], n_stages, precision, ckpt, inflight, tail, schedule)
+    elem = step_elements(cost, [Lane(stage_devs, micro)], n_stages, precision, ckpt, inflight, tail, schedule, m)
     total, worst = 0.0, 0.0
     for s in range(n_stages):
         e = elem(s, bounds[s], bounds[s + 1])

@@ -229,8 +229,9 @@ class CostModel:
         gpt@tiny@64 (-2.8 ms an action at 4-8 samples, -5.8 ms at 32, from its model-parallel and 1F1B
         runs) the search's top three pipelines, with 8 micro-batches of 4, were predicted 59-69 % fast.
         One-stage-per-rank schedules (GPipe, 1F1B) have one term (`ModelProfile.pipe_action_s`); a multi-stage
-        `schedule` the one its own calibration run measured (`ModelProfile.pipe_action_multi_s`,
-        `hetsim.strategies._pipeline_sched.action_term`)."""
+        `schedule` the one its own calibration runs measured (`ModelProfile.pipe_action_multi_s`,
+        `hetsim.strategies._pipeline_sched.action_term`), and then `mb` is the plan's micro-batches x stages
+        per rank, the variable that term is fitted in."""
         group = self.memo(("cluster_group_key",), lambda: group_key(self.cluster.devices))
         field_name, key = ("pipe_action_s", group) if schedule is None else ("pipe_action_multi_s",
                                                                               multi_stage_key(schedule, group))

@@ -75,10 +75,19 @@ def test_looped_bfs_carries_interleaved_1f1b_term():
 def test_multi_stage_calibration_runs_are_plans_the_search_could_pick():
     cost = synthetic_cost([1.0, 0.5], [1e-3] * 8)
     plans = calibration_multi_stage_plans(cost, 16, 1)
+    # Two shapes each: 2 stages per rank x P micro-batches, and the most stages the 8 blocks allow (ZBV: 2)
+    # with the most micro-batches up to 4P.
     assert [(p.schedule, p.stages_per_rank, p.microbatches) for p in plans] == [
-        ("Interleaved1F1B", 2, 2), ("InterleavedZeroBubble", 2, 2), ("ZBVZeroBubble", 2, 2)]
+        ("Interleaved1F1B", 2, 2), ("Interleaved1F1B", 4, 8), ("InterleavedZeroBubble", 2, 2),
+        ("InterleavedZeroBubble", 4, 8), ("ZBVZeroBubble", 2, 2), ("ZBVZeroBubble", 2, 8)]
     for p in plans:
-        assert p == PIPE.solve(cost, (0, 1), schedule=p.schedule, stages_per_rank=2, microbatches=2, batch=16)
+        assert p == PIPE.solve(cost, (0, 1), schedule=p.schedule, stages_per_rank=p.stages_per_rank,
+                               microbatches=p.microbatches, batch=16)
+    # At least 4 samples a micro-batch: at most 4 micro-batches, and 3 stages per rank on 6 blocks.
+    few = calibration_multi_stage_plans(synthetic_cost([1.0, 0.5], [1e-3] * 6), 16, 4)
+    assert [(p.schedule, p.stages_per_rank, p.microbatches) for p in few] == [
+        ("Interleaved1F1B", 2, 2), ("Interleaved1F1B", 3, 4), ("InterleavedZeroBubble", 2, 2),
+        ("InterleavedZeroBubble", 3, 4), ("ZBVZeroBubble", 2, 2), ("ZBVZeroBubble", 2, 4)]
     assert calibration_multi_stage_plans(cost, 3, 1) == []  # neither 2 nor 4 micro-batches divide the batch
     assert calibration_multi_stage_plans(synthetic_cost([1.0, 0.5], [1e-3] * 3), 16, 1) == []  # 3 blocks < 4 stages
 
@@ -157,3 +166,35 @@ def test_ddp_explains_which_device_cannot_hold_the_training_state():
     assert "device 1 needs 763 MiB, capacity 120 MiB (643 MiB over" in text
     roomy = synthetic_cost([1.0, 1.0], [1e-3] * 4, param_counts=[10_000_000] * 4, caps=["100M", "1G"])
     assert strategies.get("ddp").why_never_fits(SearchContext(cost=roomy, global_batch=8)) is None
+
+
+def test_multi_stage_term_is_read_by_micro_batches_times_stages():
+    # gpt@tiny@64: InterleavedZeroBubble missed -1.0 ms an action at 2 stages x 2 micro-batches and +0.9 at
+    # 3 x 8; a term from the first alone predicted the second 28 % fast.  Each calibration shape reads
+    # back its own value, a shape between them the interpolation, and one beyond them the nearer value.
+    cost = synthetic_cost([1.0, 0.5], [1e-3] * 8, p2p_s_per_byte=1e-8)
+    sched = "InterleavedZeroBubble"
+    truth = {4.0: 0.001, 32.0: 0.004}
+    plans = [PIPE.solve(cost, (0, 1), schedule=sched, stages_per_rank=v, microbatches=m, batch=16)
+             for v, m in ((2, 2), (4, 8))]
+    points, measured = [], []
+    for plan, x in zip(plans, truth):
+        base = PIPE.predict(plan, cost)[0].step_time_s
+        n = (PIPE.predict(plan, _with_action_s(cost, 1e-3, schedule=sched))[0].step_time_s - base) / 1e-3
+        measured.append(PIPE.predict(plan, _with_action_s(cost, truth[x], schedule=sched))[0].step_time_s)
+        points.append((x, n, measured[-1] - base))
+    fit = fit_action_residual(points)
+    key = multi_stage_key(sched, group_key(cost.cluster.devices))
+    models = {k: replace(p, pipe_action_multi_s={key: fit}) for k, p in cost.profiles.models.items()}
+    fitted = CostModel(cost.cluster, replace(cost.profiles, models=models), cost.optimizer)
+    for plan, want in zip(plans, measured):
+        assert PIPE.predict(plan, fitted)[0].step_time_s == pytest.approx(want, rel=1e-9)
+    assert fitted.pipeline_action_s(16, schedule=sched) == pytest.approx(0.001 + 0.003 * 12 / 28)
+    assert fitted.pipeline_action_s(64, schedule=sched) == pytest.approx(0.004)
+    # The same micro-batch size at more stages per rank reads a larger term.
+    v2, v4 = (PIPE.solve(cost, (0, 1), schedule=sched, stages_per_rank=v, microbatches=4, batch=16) for v in (2, 4))
+    grow = [PIPE.predict(p, fitted)[0].step_time_s - PIPE.predict(p, cost)[0].step_time_s for p in (v2, v4)]
+    n = [(PIPE.predict(p, _with_action_s(cost, 1e-3, schedule=sched))[0].step_time_s
+          - PIPE.predict(p, cost)[0].step_time_s) / 1e-3 for p in (v2, v4)]
+    assert grow[0] / n[0] == pytest.approx(0.001 + 0.003 * 4 / 28, rel=1e-6)
+    assert grow[1] / n[1] == pytest.approx(0.001 + 0.003 * 12 / 28, rel=1e-6)
