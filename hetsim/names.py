@@ -4,9 +4,12 @@ input against them before torch loads)."""
 from __future__ import annotations
 
 REPEATS = 2
-"""Real runs of a plan, executed or calibration, unless `--repeats` says otherwise: with two, a third
-when they disagree by more than the noise floor (`hetsim.reporting.decision.NOISE_FLOOR_REL`), and the
-median kept (`hetsim.search.realruns.repeated_runs`)."""
+"""Real runs of a plan, executed or calibration, unless `--repeats` says otherwise: with two or more,
+up to three more while no two agree within the noise floor (`hetsim.reporting.decision.NOISE_FLOOR_REL`),
+and the mean of the two that agree best kept (`hetsim.search.realruns.repeated_runs`, `consensus`)."""
+
+MORE_RUNS = 3
+"""Runs beyond `--repeats` that a plan gets while no two of its runs agree within the noise floor."""
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 """'fp32'; 'bf16' and 'fp16' run under torch.autocast (fp16 with loss scaling, CUDA only)."""

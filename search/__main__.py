@@ -156,9 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timed steps per real run (the median is reported; shared CPUs drift by ~10%%)")
     p.add_argument("--warmup", type=positive_int("--warmup"), default=3, help="untimed steps (at least 2: step 1 measures memory)")
     p.add_argument("--repeats", type=positive_int("--repeats"), default=REPEATS,
-                   help="real runs of each shortlisted plan and of each calibration plan, and a third when two "
-                        "disagree by more than the noise floor; the median is reported, every run is kept "
-                        "(default %(default)s; 1: one run)")
+                   help="real runs of each shortlisted plan and of each calibration plan, and up to 3 more while "
+                        "no two agree within the noise floor; the mean of the two that agree best is reported, "
+                        "every run is kept (default %(default)s; 1: one run)")
     p.add_argument("--timeout", type=positive_float("--timeout"), default=300.0, help="seconds per real run")
     p.add_argument("--storage", type=text_value("--storage"), default=None,
                    help="where the study is kept: journal:PATH (Optuna's journal file, several writers) or an "

@@ -105,7 +105,7 @@ def calibration_multi_stage_plans(cost, global_batch: int, min_micro: int) -> li
 
 def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
                        global_batch: int, repeats: int = REPEATS) -> ProfileSet:
-    """Run short real pipelines on the whole cluster (each twice, a third time when the two disagree:
+    """Run short real pipelines on the whole cluster (each twice, more while no two agree:
     `robust_step_s`) and record the per-compute-action residual (per micro-batch size: `fit_action_residual`,
     like `calibrate_residual` per data-parallel micro-step) that makes their simulated steps equal the
     measured ones: torch.distributed.pipelining's per-action work, p2p waits, contention between ranks

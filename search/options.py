@@ -34,7 +34,7 @@ class Options:
     steps: int
     warmup: int
     repeats: int = REPEATS
-    """Real runs of each shortlisted plan (a third when two disagree): `realruns.run_plan`."""
+    """Real runs of each shortlisted plan (more while no two agree): `realruns.run_plan`."""
     timeout_s: float
     storage: str | None
     jobs: int = 1

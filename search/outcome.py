@@ -10,6 +10,7 @@ import optuna
 from hetsim.strategies.base import SearchContext
 
 from hetsim import strategies
+from hetsim.names import MORE_RUNS
 from hetsim.profiling.hostspeed import profile_ref
 from hetsim.reporting import report
 from hetsim.reporting.decision import NOISE_FLOOR_REL, profile_spread
@@ -93,8 +94,9 @@ def notes(study: optuna.Study, plans: Shortlist, found: list[Candidate], ctx: Se
     repeated = [r for r in plans.rows if r.measured is not None and len(r.measured.runs_at_probe) > 1]
     if repeated:
         spread = max(max(r.measured.runs_at_probe) / min(r.measured.runs_at_probe) - 1 for r in repeated)
-        out.append(f"each executed plan ran {opts.repeats} times (a third when two disagreed by more than "
-                   f"{NOISE_FLOOR_REL:.0%}) and its median run is reported; the runs of one plan differed by up to "
+        out.append(f"each executed plan ran {opts.repeats} times (more, up to {opts.repeats + MORE_RUNS}, while no two "
+                   f"agreed within {NOISE_FLOOR_REL:.0%}; the two that agree best are reported, averaged); the runs of "
+                   "one plan differed by up to "
                    f"{spread:.1%} at one host speed (every run: runs_at_probe in summary.json)")
     return out
 

@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from hetsim.execution.runner import measure
 from hetsim.hardware.cluster import Cluster
-from hetsim.names import REPEATS
+from hetsim.names import MORE_RUNS, REPEATS
 from hetsim.profiling.obtain import Say
 from hetsim.reporting import report
 from hetsim.reporting.decision import NOISE_FLOOR_REL
@@ -57,9 +57,9 @@ def real_runs_step(study: optuna.Study, plans: Shortlist, opts: Options, console
 
 
 def run_plan(row: report.Row, opts: Options, fault) -> Measurement:
-    """The real runs of a shortlisted plan (`repeated_runs`: `opts.repeats`, a third on a disagreement),
+    """The real runs of a shortlisted plan (`repeated_runs`: `opts.repeats`, more while no two agree),
     combined by `combine_runs`; a run that fails ends the plan's runs with its status.  Logs and rank
-    files under OUT/runs/STUDY/run-RANK/ (the later runs: run-RANK-2/, run-RANK-3/)."""
+    files under OUT/runs/STUDY/run-RANK/ (the later runs: run-RANK-2/, run-RANK-3/, ...)."""
     wl = opts.workload
     runs = repeated_runs(
         lambda k: measure(row.plan, cluster=opts.cluster, workload_spec=wl.spec, optimizer=wl.optimizer,
@@ -77,54 +77,74 @@ def _at_probe(m: Measurement) -> float:
 
 def repeated_runs(run: Callable[[int], Measurement], repeats: int, at: Callable[[Measurement], float] = _at_probe,
                   on_disagree: Callable[[float, float], None] | None = None) -> list[Measurement]:
-    """The real runs of one plan, `run(k)` making the k-th: `repeats` of them, and with two a third when
-    they disagree (by `at`, a step time at one host speed) by more than the noise floor
-    (`NOISE_FLOOR_REL`), so that one run caught in a slow phase of a shared host is out-voted.  Stops
-    at a failing run, which is then the last.  Shared by the executed plans and calibration
-    (`robust_step_s`)."""
+    """The real runs of one plan, `run(k)` making the k-th: `repeats` of them and, with two or more, more
+    (up to `MORE_RUNS`) while no two agree (by `at`, a step time at one host speed) within the noise floor
+    (`NOISE_FLOOR_REL`), so that runs caught in slow phases of a shared host are out-voted (`consensus`).
+    gpt@tiny@64, 2026-12-03: a ddp plan's three runs read 11.5, 9.9 and 17.8 probe times; their median
+    made it 19 % slower than predicted.  Stops at a failing run, which is then the last.  Shared by the
+    executed plans and calibration (`robust_step_s`)."""
     runs: list[Measurement] = []
-    for k in range(repeats + 1):
-        if k == repeats:
-            if k != 2 or abs(at(runs[0]) / at(runs[1]) - 1) <= NOISE_FLOOR_REL:
+    for k in range(repeats + MORE_RUNS):
+        if k >= repeats:
+            vals = [at(r) for r in runs]
+            if len(vals) < 2 or _closest_gap(vals) <= NOISE_FLOOR_REL:
                 break
             if on_disagree is not None:
-                on_disagree(at(runs[0]), at(runs[1]))
+                on_disagree(min(vals), max(vals))
         runs.append(run(k))
         if not runs[-1].timed:
             break
     return runs
 
 
+def agreeing(vals: list[float]) -> list[int]:
+    """Which of a plan's runs give its one value: all of one or two, and of more the two that agree best
+    (what the host gives when nothing interferes; a run that drifted either way does not move it)."""
+    if len(vals) <= 2:
+        return list(range(len(vals)))
+    order = sorted(range(len(vals)), key=vals.__getitem__)
+    return list(min(zip(order, order[1:]), key=lambda p: vals[p[1]] / vals[p[0]]))
+
+
+def _closest_gap(vals: list[float]) -> float:
+    i, j = sorted(agreeing(vals), key=vals.__getitem__)
+    return vals[j] / vals[i] - 1
+
+
+def consensus(vals: list[float]) -> float:
+    """One value of a plan's runs: the mean of the `agreeing` ones."""
+    return statistics.fmean(vals[i] for i in agreeing(vals))
+
 
 def robust_step_s(plan, *, cluster: Cluster, workload, ref_probe_s: float, steps: int, say: Say,
                   timeout_s: float = 600, repeats: int = REPEATS):
-    """(last measurement, step time at the profiles' host speed or None): `repeats` real runs of `plan`
-    (the search's --repeats), with two a third when they disagree by more than the noise floor
-    (`NOISE_FLOOR_REL`); the median is kept, so one run caught in a slow phase of the host is
-    out-voted.  None when a run fails (the failing measurement says why)."""
+    """(last measurement, step time at the profiles' host speed or None): the real runs of `plan`
+    (`repeated_runs`: the search's --repeats, more while no two agree) and their `consensus`.  None when
+    a run fails (the failing measurement says why)."""
     runs = repeated_runs(
         lambda k: measure(plan, cluster=cluster, workload_spec=workload.spec, optimizer=workload.optimizer,
                           steps=steps, warmup=3, timeout_s=timeout_s),
         repeats, at=lambda m: m.step_time_at(ref_probe_s),
-        on_disagree=lambda a, b: say(f"  the two runs disagree ({a:.3f} and {b:.3f} s at the profiles' host speed): "
-                                     "a third decides"))
+        on_disagree=lambda a, b: say(f"  the runs disagree ({a:.3f} to {b:.3f} s at the profiles' host speed): "
+                                     "one more"))
     m = runs[-1]
     if not m.timed:
         return m, None
-    return m, statistics.median(r.step_time_at(ref_probe_s) for r in runs)
+    return m, consensus([r.step_time_at(ref_probe_s) for r in runs])
 
 
 def combine_runs(runs: list[Measurement]) -> Measurement:
-    """One measurement of several ok runs of a plan: the median step (raw, and in probe times: the host
-    speed the report compares at), the first run's memory and timeline, every run's step in probe times
-    kept in `runs_at_probe`."""
+    """One measurement of several ok runs of a plan: the `agreeing` runs' mean step (raw, and in probe
+    times: the host speed the report compares at), the first run's memory and timeline, every run's
+    step in probe times kept in `runs_at_probe`."""
     if len(runs) == 1:
         return runs[0]
     first = runs[0]
-    step = statistics.median(m.step_time_s for m in runs)
+    use = [runs[i] for i in agreeing([_at_probe(m) for m in runs])]
+    step = statistics.fmean(m.step_time_s for m in use)
     probed = all(m.steps_per_probe is not None and m.probe_s for m in runs)
     return dataclasses.replace(
         first, step_time_s=step, samples_per_s=first.samples_per_s * first.step_time_s / step,
-        steps_per_probe=statistics.median(m.steps_per_probe for m in runs) if probed else None,
-        probe_s=statistics.median(m.probe_s for m in runs) if probed else first.probe_s,
+        steps_per_probe=statistics.fmean(m.steps_per_probe for m in use) if probed else None,
+        probe_s=statistics.fmean(m.probe_s for m in use) if probed else first.probe_s,
         wall_s=sum(m.wall_s for m in runs), runs_at_probe=tuple(_at_probe(m) for m in runs))

@@ -165,7 +165,10 @@ class PipelineExecutor:
         wl = self.ctx.workload
 
         def loss_fn(out, y):
-            return wl.loss_sum(out.float(), y) * self.scale
+            def fn(o):
+                return wl.loss_sum(o.float(), y) * self.scale
+
+            return fn(out) if self.ctx.emulator is None else self.ctx.emulator.loss(fn, out)
 
         if wl.batch_coupled:  # one micro-batch per replica (pipeline.check_common): the global batch's loss
             loss_fn = pipeline_loss(wl, replica_batches, dp_group, 1.0)

@@ -313,7 +313,8 @@ class _TaskSpecs:
         lo, hi = self.boundaries[s], self.boundaries[s + 1]
         lbl = f"{tag}{a}"
         if a.kind == "F":
-            dur = cost.fwd_s(d, lo, hi, micro, precision) + cost.stage_overhead_s(d, lo, hi, micro, precision) + self.extra
+            dur = max(0.0, cost.fwd_s(d, lo, hi, micro, precision) + cost.stage_overhead_s(d, lo, hi, micro, precision)
+                      + self.extra)
             self._spec(("F", s, j), res, TaskKind.FORWARD, dur, (self._act_ready(s, j),) if s > 0 else (), lbl)
             if s + 1 < self.n_stages and dev_of[s + 1] != d:
                 nbytes = cost.blocks()[hi - 1].out_bytes_per_sample * micro
@@ -322,7 +323,7 @@ class _TaskSpecs:
         elif a.kind in ("B", "I"):
             bwd = cost.bwd_s(d, lo, hi, micro, precision)
             share = 1.0 if a.kind == "B" else INPUT_GRAD_FRACTION
-            dur = share * bwd + cost.recompute_s(d, lo, hi, micro, precision, self.ckpt) + self.extra
+            dur = max(0.0, share * bwd + cost.recompute_s(d, lo, hi, micro, precision, self.ckpt) + self.extra)
             deps = (("F", s, j),) + ((self._grad_ready(s, j),) if s + 1 < self.n_stages else ())
             self._spec(("I", s, j), res, TaskKind.BACKWARD, dur, deps, lbl)
             if s > 0 and dev_of[s - 1] != d:
@@ -330,7 +331,7 @@ class _TaskSpecs:
                 self._spec(("xb", s, j), Resource.link(d, dev_of[s - 1]), TaskKind.P2P,
                            cost.p2p_s(nbytes, d, dev_of[s - 1]), (("I", s, j),), f"{tag}grad {s}->{s - 1} mb{j}")
         else:  # W
-            dur = (1.0 - INPUT_GRAD_FRACTION) * cost.bwd_s(d, lo, hi, micro, precision) + self.extra
+            dur = max(0.0, (1.0 - INPUT_GRAD_FRACTION) * cost.bwd_s(d, lo, hi, micro, precision) + self.extra)
             self._spec(("W", s, j), res, TaskKind.WEIGHT_GRAD, dur, (("I", s, j),), lbl)
 
 

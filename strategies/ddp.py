@@ -308,9 +308,15 @@ class DataParallelExecutor:
         else:
             with autocast(self.ctx.device, self.plan.precision) if low_precision else contextlib.nullcontext():
                 out = module(x)
-            loss = self.ctx.workload.loss_sum(out.float(), y) * self.scale
+            loss = self._loss(out, y)
         (self.scaler.scale(loss) if self.scaler else loss).backward()
         return float(loss.detach())
+
+    def _loss(self, out, y):
+        def fn(o):
+            return self.ctx.workload.loss_sum(o.float(), y) * self.scale
+
+        return fn(out) if self.ctx.emulator is None else self.ctx.emulator.loss(fn, out)
 
     def step(self) -> float:
         return train_step(self.stepper, self._forward_backward, self.scaler)

@@ -224,10 +224,12 @@ class CostModel:
         """Calibrated extra time of every compute action of a pipeline schedule on this cluster at micro-batch
         mb (0 when not calibrated): torch.distributed.pipelining's per-action work, waits for peers, p2p and
         contention, as real pipeline runs measured it (`hetsim.search.calib_modelparallel.calibrate_pipeline`).
-        Read at the calibrated micro-batches, held flat past them (`Fit.residual`), and floored at zero: a
-        negative fit (real runs faster than simulated) is not carried to plans of many small actions.  With
-        gpt@tiny@64 (-2.8 ms an action at 4-8 samples, -5.8 ms at 32, from its model-parallel and 1F1B
-        runs) the search's top three pipelines, with 8 micro-batches of 4, were predicted 59-69 % fast.
+        Read at the calibrated micro-batches, and between them piece by piece (`Fit.residual`), signed: real
+        pipelines run faster than simulated at large micro-batches (gpt@tiny@64, 1F1B, interleaved runs on
+        2026-12-03: -2.3, -1.7 and -1.1 ms an action at 16, 8 and 4 samples; floored at zero, those plans
+        were predicted 9-13 % slow).  Outside the calibrated range it is held flat but never below zero: a
+        negative term carried to shapes no run measured once made gpt's InterleavedZeroBubble plans of 3
+        stages x 8 micro-batches 59-69 % fast (their term came from 2 x 2 alone, -2.2 ms an action).
         One-stage-per-rank schedules (GPipe, 1F1B) have one term (`ModelProfile.pipe_action_s`); a multi-stage
         `schedule` the one its own calibration runs measured (`ModelProfile.pipe_action_multi_s`,
         `hetsim.strategies._pipeline_sched.action_term`), and then `mb` is the plan's micro-batches x stages
@@ -239,8 +241,12 @@ class CostModel:
         def fits():
             return [getattr(m, field_name)[key] for m in self.profiles.models.values() if key in getattr(m, field_name)]
 
-        vals = [f.residual(mb) for f in self.memo(("pipe_action_fits", field_name, key), fits)]
-        return max(0.0, max(vals)) if vals else 0.0
+        def read(f: Fit) -> float:
+            r = f.residual(mb)
+            return r if len(f.knots) >= 2 and f.knots[0][0] <= mb <= f.knots[-1][0] else max(0.0, r)
+
+        vals = [read(f) for f in self.memo(("pipe_action_fits", field_name, key), fits)]
+        return max(vals) if vals else 0.0
 
     def sync_residual_s(self, group: tuple[int, ...], overlap: float | None = None) -> float:
         """Calibrated extra time of a data-parallel gradient synchronisation over this group: the

@@ -54,7 +54,7 @@ class ProfileRequest:
     strategies: tuple[str, ...] | None = None
     """The families the search will run: calibration measures only their terms (None: every term)."""
     repeats: int = REPEATS
-    """Real runs of each calibration plan (the search's --repeats; with two, a third when they disagree)."""
+    """Real runs of each calibration plan (the search's --repeats; more while no two agree)."""
 
 
 COUPLED_CHUNKS = (4, 8)

@@ -1,4 +1,4 @@
-"""Each executed plan runs `--repeats` times (a third when two disagree); the median is reported."""
+"""Each executed plan runs `--repeats` times (more while no two agree); the two that agree best are reported."""
 
 from __future__ import annotations
 
@@ -27,10 +27,13 @@ def _run(per_probe: float, raw: float, status: str = "ok") -> Measurement:
 @pytest.mark.parametrize("repeats, seq, runs, median", [
     (1, [(10.0, 1.0)], 1, 10.0),
     (2, [(10.0, 1.0), (10.2, 1.1)], 2, 10.1),             # within the noise floor: two runs
-    (2, [(10.0, 1.0), (13.0, 1.2), (10.4, 1.3)], 3, 10.4),  # they disagree: a third decides
-    (3, [(10.0, 1.0), (13.0, 1.2), (10.4, 1.3)], 3, 10.4),
+    (2, [(10.0, 1.0), (13.0, 1.2), (10.4, 1.3)], 3, 10.2),  # they disagree: a third, and the two that agree
+    (3, [(10.0, 1.0), (13.0, 1.2), (10.4, 1.3)], 3, 10.2),
+    # gpt@tiny@64, 2026-12-03: 11.5, 9.9 and 17.8 probe times; the median (11.5) read 19 % slow.
+    (2, [(11.5, 1.0), (9.9, 1.2), (17.8, 1.3), (10.1, 1.1)], 4, 10.0),
+    (2, [(10.0, 1.0), (13.0, 1.2), (17.0, 1.3), (22.5, 1.4), (30.0, 1.5), (10.1, 1.0)], 5, 11.5),  # at most 3 more
 ])
-def test_the_median_of_the_runs_is_reported_and_every_run_kept(monkeypatch, repeats, seq, runs, median):
+def test_the_runs_that_agree_are_reported_and_every_run_kept(monkeypatch, repeats, seq, runs, median):
     it = iter(seq)
     dirs = []
 
@@ -40,7 +43,7 @@ def test_the_median_of_the_runs_is_reported_and_every_run_kept(monkeypatch, repe
 
     monkeypatch.setattr(realruns, "measure", fake_measure)
     m = realruns.run_plan(SimpleNamespace(plan=object(), place=4), _opts(repeats), fault=None)
-    assert dirs == ["run-4", "run-4-2", "run-4-3"][:runs]
+    assert dirs == ["run-4", "run-4-2", "run-4-3", "run-4-4", "run-4-5"][:runs]
     assert m.steps_per_probe == pytest.approx(median)
     assert m.step_time_at(0.1) == pytest.approx(median * 0.1)
     if runs > 1:
