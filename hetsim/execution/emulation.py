@@ -135,12 +135,13 @@ class Emulator:
 
 
 class _StartClock(torch.autograd.Function):
-    """Identity on the loss; its backward, the first of the loss's, starts the clock."""
+    """Identity on the loss; its backward, the first of the loss's, starts the clock.  A copy, not a view:
+    zero-bubble schedules detach the loss in place after its input gradients (torch's `stage_backward_input`)."""
 
     @staticmethod
     def forward(ctx, x, clock):
         ctx.clock = clock
-        return x.view_as(x)
+        return x.clone()
 
     @staticmethod
     def backward(ctx, g):

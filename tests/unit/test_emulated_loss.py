@@ -36,6 +36,15 @@ def test_the_loss_is_throttled_before_the_last_block_sees_its_gradient(monkeypat
     assert value == plain_value and torch.equal(grad, plain_grad)  # the spin changes time only
 
 
+def test_the_loss_can_be_detached_in_place():
+    # Zero-bubble schedules detach the stage's loss in place after its input gradients; a view could not be.
+    out = torch.randn(4, 3, requires_grad=True)
+    loss = Emulator(0.5, 1 << 30).loss(lambda o: o.square().sum(), out)
+    torch.autograd.grad(loss, out, retain_graph=True)
+    loss.detach_()
+    assert not loss.requires_grad
+
+
 def test_a_full_speed_device_and_an_output_without_gradient_are_left_alone(monkeypatch):
     events: list = []
     for em, out in ((Emulator(1.0, 1 << 30), torch.randn(4, 3, requires_grad=True)),
