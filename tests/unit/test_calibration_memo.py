@@ -306,8 +306,9 @@ def test_term_for_solves_a_term_hidden_in_part_behind_compute():
 
 
 def test_one_device_offload_term_makes_its_plan_step_as_measured(make_cost, gn_profile, tmp_path, monkeypatch):
-    """ZeRO-3 with CPU offload on the fastest device alone, measured minus simulated: one-device ZeRO-2 and
-    ZeRO-3 offload plans on that device carry it; plans on the other device or on several do not."""
+    """ZeRO-3 with CPU offload on the fastest device alone, measured minus simulated: ZeRO-2 and ZeRO-3
+    offload plans with that device carry it (several ranks: the largest of theirs); plans on the other
+    device alone do not."""
     from hetsim.strategies.zero import ZeROPlan
 
     cost = make_cost("emu:0.5@4G,1.0@4G")
@@ -324,7 +325,8 @@ def test_one_device_offload_term_makes_its_plan_step_as_measured(make_cost, gn_p
     assert gained > 0
     for plan, carries in ((ZeROPlan(devices=(1,), local_batch=(16,), zero_stage=2, offload=True, accum_steps=2), True),
                           (ZeROPlan(devices=(0,), local_batch=(16,), zero_stage=3, offload=True), False),
-                          (ZeROPlan(devices=(0, 1), local_batch=(8, 8), zero_stage=3, offload=True), False)):
+                          (ZeROPlan(devices=(0, 1), local_batch=(8, 8), zero_stage=3, offload=True), True),
+                          (ZeROPlan(devices=(0, 1), local_batch=(8, 8), zero_stage=3, offload=False), False)):
         grown = zero.predict(plan, after)[0].step_time_s - zero.predict(plan, cost)[0].step_time_s
         assert grown == pytest.approx(gained if carries else 0.0, abs=1e-9)
     # Recorded once: a later calibration reuses it.
