@@ -105,10 +105,14 @@ class Emulator:
         if (self.factor <= 0 and not self.adjustable) or not out.requires_grad:
             return fn(out)
         clock = {"t": 0.0}
+
+        def start() -> None:
+            clock["t"] = time.perf_counter()
+
         t0 = time.perf_counter()
-        value = fn(_SpinBackward.apply(out, self, clock))
+        value = fn(_OnBackward.apply(out, lambda: self._sleep_for(time.perf_counter() - clock["t"]), False))
         self._sleep_for(time.perf_counter() - t0)
-        return _StartClock.apply(value, clock)
+        return _OnBackward.apply(value, start, True)
 
     def set_speed(self, speed: float) -> None:
         """From now on run at `speed` (relative to the measured profile); needs `adjustable` to
@@ -134,30 +138,17 @@ class Emulator:
             )
 
 
-class _StartClock(torch.autograd.Function):
-    """Identity on the loss; its backward, the first of the loss's, starts the clock.  A copy, not a view:
-    zero-bubble schedules detach the loss in place after its input gradients (torch's `stage_backward_input`)."""
+class _OnBackward(torch.autograd.Function):
+    """Identity whose backward first calls `hook` (`Emulator.loss`'s clock).  `copy`: a copy, not a view,
+    for the loss itself, which zero-bubble schedules detach in place after its input gradients (torch's
+    `stage_backward_input`)."""
 
     @staticmethod
-    def forward(ctx, x, clock):
-        ctx.clock = clock
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, g):
-        ctx.clock["t"] = time.perf_counter()
-        return g, None
-
-
-class _SpinBackward(torch.autograd.Function):
-    """Identity on the model's output; its backward, the loss's last, spins for the loss's backward."""
-
-    @staticmethod
-    def forward(ctx, x, emulator, clock):
-        ctx.emulator, ctx.clock = emulator, clock
-        return x.view_as(x)
+    def forward(ctx, x, hook, copy):
+        ctx.hook = hook
+        return x.clone() if copy else x.view_as(x)
 
     @staticmethod
     def backward(ctx, g):
-        ctx.emulator._sleep_for(time.perf_counter() - ctx.clock["t"])
+        ctx.hook()
         return g, None, None
