@@ -80,9 +80,10 @@ def preferred_order(cost, **shape):
 
 def calibration_pipeline_plans(cost, global_batch: int, min_micro: int) -> list:
     """The pipeline runs that calibrate the per-action term: every device in order or in reverse
-    (`preferred_order`), one stage each, boundaries solved as the search would; one micro-batch (the largest micro-batch, model
-    parallelism), then 1F1B with 2 micro-batches per rank and with one per rank where the batch allows
-    (fill, steady state and drain all occur at a small micro-batch; the searches pick both)."""
+    (`preferred_order`), one stage each, boundaries solved as the search would; one micro-batch (the
+    largest micro-batch, model parallelism), then 1F1B with 2 micro-batches per rank and with one per
+    rank where the batch allows (fill, steady state and drain all occur at a small micro-batch; the
+    searches pick both)."""
     P = len(cost.cluster.devices)
     out = []
     ms = list(dict.fromkeys(m for m in (2 * P, P, 2) if global_batch % m == 0 and global_batch // m >= min_micro))
@@ -99,10 +100,10 @@ def calibration_pipeline_plans(cost, global_batch: int, min_micro: int) -> list:
 def calibration_multi_stage_plans(cost, global_batch: int, min_micro: int) -> list:
     """The runs that calibrate the multi-stage schedules' per-action terms, two per schedule that gives a
     term (`MULTI_TERM_RUN`: Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble) over every device in
-    order or in reverse (`preferred_order`), boundaries solved as the search would: two stages per rank with P micro-batches (2P when P do
-    not divide the batch), and the most actions a rank runs in the search's space up to 4P micro-batches
-    (the most stages per rank that the model's blocks allow, ZBV always 2; the most micro-batches that
-    divide the batch with at least `min_micro` samples each).  The term is fitted in micro-batches x
+    order or in reverse (`preferred_order`), boundaries solved as the search would: two stages per rank
+    with P micro-batches (2P when P do not divide the batch), and the most actions a rank runs in the
+    search's space up to 4P micro-batches (the most stages per rank that the model's blocks allow, ZBV
+    always 2; the most micro-batches that divide the batch with at least `min_micro` samples each).  The term is fitted in micro-batches x
     stages per rank (`_pipeline_sched.action_term`).  None when the model has fewer than 2P blocks or
     the loss is batch-coupled, and none for a schedule the installed torch lacks."""
     P = len(cost.cluster.devices)
