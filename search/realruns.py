@@ -1,9 +1,18 @@
-"""The real-runs step: every shortlisted plan runs through torchrun (`--repeats` times, their median
-kept) once per study; a measurement is stored in the study as it finishes, so a resumed study never
-runs the same plan again."""
+"""The real-runs step: every shortlisted plan runs through torchrun's launcher (`--repeats` times, the
+runs that agree kept) once per study; a measurement is stored in the study as it finishes, so a resumed
+study never runs the same plan again.
+
+Local runs go through the warm launcher, as calibration's do (`hetsim.execution.warm`: torchrun's
+`elastic_launch`, fresh ranks forked from one warm agent), so that a plan's measurement and the terms
+calibrated for it share one launch path.  gpt@tiny@64 ddp 16/16 on the default cluster, 2026-12-03,
+runs interleaved: a torchrun command measured 8-25 % slower than forked ranks at the profiles' host
+speed (three experiments of 4-6 pairs, raw steps +3 %), while every calibrated term came from forked
+ranks; the search's executed plans then all read 9-16 % slow.  `launch.sh` stays a torchrun command.
+A run with an injected fault (tests) stays one too."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 from collections.abc import Callable
@@ -14,6 +23,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from hetsim.execution.runner import measure
+from hetsim.execution.warm import warm_launches
 from hetsim.hardware.cluster import Cluster
 from hetsim.names import MORE_RUNS, REPEATS
 from hetsim.profiling.obtain import Say
@@ -33,8 +43,9 @@ def real_runs_step(study: optuna.Study, plans: Shortlist, opts: Options, console
     if not (opts.execute and opts.cluster.calibrated):
         return plans
     rows, fault = list(plans.rows), opts.fault
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as prog:
+    with (contextlib.nullcontext() if fault is not None else warm_launches()), \
+            Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                     console=console, transient=True) as prog:
         task = prog.add_task("real runs", total=len(rows))
         for i, row in enumerate(rows):
             if stop():
