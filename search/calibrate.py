@@ -111,6 +111,11 @@ def calibrate_devices(cluster: Cluster, workload, profiles: ProfileSet, req: Pro
         for prec in low_precisions(dev, req.precisions):
             if gradient_problem(prof, prec):
                 continue  # the search refuses this precision's plans (BatchNorm under CPU autocast): none to correct
+            slower = slowdown(prof, prec)
+            if slower > LOW_PRECISION_SKIP and prec not in prof.calib_residual_low_s:
+                say(f"not calibrating {kind} in {prec}: its blocks take {slower:.1f}x their fp32 time in the profiles, "
+                    f"so its plans keep the fp32 residual")
+                continue
             if prec not in prof.calib_residual_low_s and f"{RESIDUAL}:{prec}" not in prof.calib_failed:
                 prof = calibrate_residual(dev, workload, prof, profiles.devices[kind], sizes, say, repeats=req.repeats,
                                           precision=prec)
@@ -126,6 +131,28 @@ def calibrate_devices(cluster: Cluster, workload, profiles: ProfileSet, req: Pro
             save(prof, model_profile_path(req.root, kind, workload.spec))
         models[kind] = prof
     return replace(profiles, models=models)
+
+
+LOW_PRECISION_SKIP = 2.0
+"""A low precision whose blocks take more than this many times their fp32 time (`slowdown`) gets no
+single-device term of its own: its plans lose to fp32's by far whatever a term of a few per cent adds,
+and they keep the fp32 one (`CostModel.overhead_s`).  gpt@tiny@64 on this 2-core VM, 2026-12-03: bf16
+blocks 9-10x slower than fp32; calibrating bf16 took about 160 s of a 493 s calibration (steps of 0.8
+and 3 s, runs repeated while they disagreed), and no bf16 plan came within 10x of the best."""
+
+
+def slowdown(prof: ModelProfile, precision: str) -> float:
+    """The whole model's profiled forward and backward in `precision` over fp32's, at the largest
+    micro-batch profiled (1.0 when either is not profiled)."""
+    mb = max(prof.micro_batches)
+
+    def total(p: str) -> float:
+        return sum(b.timing[p].fwd_s(mb) + b.timing[p].bwd_s(mb) for b in prof.blocks)
+
+    if not prof.blocks or any(p not in b.timing for b in prof.blocks for p in ("fp32", precision)):
+        return 1.0
+    base = total("fp32")
+    return total(precision) / base if base > 0 else 1.0
 
 
 def _one_device(device) -> Cluster:

@@ -196,6 +196,21 @@ def test_single_device_residual_is_the_line_through_measured_minus_predicted(gn_
     assert failed.calib_residual_s is None and failed.calib_failed[calibrate.RESIDUAL] == "oom"
 
 
+def _bf16_at(prof, k: float):
+    """`prof` with its bf16 block timings k times its fp32 ones (the recorded gn_resnet profile's bf16 is
+    8.5x fp32: recorded on a CPU without bf16 arithmetic)."""
+    from dataclasses import replace
+
+    from hetsim.types import Fit
+
+    def scaled(t):
+        return replace(t, fwd_s=Fit(intercept=t.fwd_s.intercept * k, slope=t.fwd_s.slope * k),
+                       bwd_s=Fit(intercept=t.bwd_s.intercept * k, slope=t.bwd_s.slope * k))
+
+    return replace(prof, blocks=tuple(replace(b, timing={**b.timing, "bf16": scaled(b.timing["fp32"])})
+                                      for b in prof.blocks))
+
+
 def test_low_precision_gets_its_own_single_device_residual(gn_profile, tmp_path, monkeypatch):
     """With bf16 searched, the single-device residual is measured again from real bf16 steps against the
     bare block model; bf16 micro-steps then carry it and fp32 ones keep theirs.  Measured once: a
@@ -208,7 +223,7 @@ def test_low_precision_gets_its_own_single_device_residual(gn_profile, tmp_path,
     from hetsim.types import Fit
 
     wl, prof, dev = gn_profile
-    prof = replace(prof, calib_residual_s=None, calib_residual_low_s={})
+    prof = replace(_bf16_at(prof, 1.2), calib_residual_s=None, calib_residual_low_s={})
     cluster = parse_cluster("emu:1.0@4G")
     bare = CostModel(cluster, ProfileSet(models={"emu-cpu": prof}, devices={"emu-cpu": dev}), wl.optimizer)
     ran = []
@@ -333,3 +348,34 @@ def test_one_device_offload_term_makes_its_plan_step_as_measured(make_cost, gn_p
     again = calib_dataparallel.calibrate_offload_single(cost.cluster, gn_profile[0], profiles, tmp_path, said.append,
                                                         global_batch=16)
     assert len(runs) == 2 and again is profiles
+
+
+def test_a_low_precision_far_slower_than_fp32_keeps_the_fp32_residual(gn_profile, tmp_path, monkeypatch):
+    """A CPU without bf16 arithmetic (gpt@tiny@64 on an AMD EPYC: bf16 blocks 9-10x fp32's) runs no bf16
+    calibration step: its plans lose by far and keep the fp32 term; the user is told why."""
+    from dataclasses import replace
+
+    from hetsim.hardware.cluster import parse_cluster
+    from hetsim.profiling.obtain import ProfileRequest
+    from hetsim.profiling.store import ProfileSet
+    from hetsim.types import Fit
+
+    wl, prof, dev = gn_profile
+
+    def with_bf16(k):
+        return replace(_bf16_at(prof, k), calib_residual_s=Fit(intercept=0.0, slope=0.0), calib_residual_low_s={})
+
+    assert calibrate.slowdown(with_bf16(5.0), "bf16") == pytest.approx(5.0)
+    assert calibrate.slowdown(with_bf16(1.0), "fp16") == 1.0  # not profiled: nothing to compare
+    ran, said = [], []
+    monkeypatch.setattr(realruns, "measure",
+                        lambda plan, **k: ran.append(plan.precision) or Measurement(status="ok", step_time_s=0.1))
+    cluster = parse_cluster("emu:1.0@4G")
+    req = ProfileRequest(root=tmp_path, global_batch=16, precisions=("fp32", "bf16"), repeats=1)
+    for k, runs in ((5.0, []), (1.5, ["bf16", "bf16"])):
+        ran.clear()
+        out = calibrate.calibrate_devices(cluster, wl, ProfileSet(models={"emu-cpu": with_bf16(k)},
+                                                                  devices={"emu-cpu": dev}), req, said.append)
+        assert ran == runs
+        assert ("bf16" in out.models["emu-cpu"].calib_residual_low_s) == bool(runs)
+    assert any("not calibrating emu-cpu in bf16" in s and "5.0x" in s for s in said)
