@@ -30,7 +30,14 @@ from hetsim.execution.memtrack import measure_step, peak_breakdown
 
 from ._contrastive import pipeline_loss
 from ._pipeline_sched import ZERO_BUBBLE, rank_stages
-from .helpers import apply_checkpointing, autocast, grads_of_one_pass, own_micro_batches, train_step
+from .helpers import (
+    apply_checkpointing,
+    autocast,
+    grads_of_one_pass,
+    own_micro_batches,
+    scaled_loss,
+    train_step,
+)
 
 
 class _CategoryTotalsOnly:
@@ -165,10 +172,7 @@ class PipelineExecutor:
         wl = self.ctx.workload
 
         def loss_fn(out, y):
-            def fn(o):
-                return wl.loss_sum(o.float(), y) * self.scale
-
-            return fn(out) if self.ctx.emulator is None else self.ctx.emulator.loss(fn, out)
+            return scaled_loss(self.ctx, out, y, self.scale)
 
         if wl.batch_coupled:  # one micro-batch per replica (pipeline.check_common): the global batch's loss
             loss_fn = pipeline_loss(wl, replica_batches, dp_group, 1.0)

@@ -36,6 +36,7 @@ from .helpers import (
     local_floor,
     min_micro_batch,
     own_micro_batches,
+    scaled_loss,
     split_evenly,
     train_step,
     uneven_split,
@@ -313,10 +314,7 @@ class DataParallelExecutor:
         return float(loss.detach())
 
     def _loss(self, out, y):
-        def fn(o):
-            return self.ctx.workload.loss_sum(o.float(), y) * self.scale
-
-        return fn(out) if self.ctx.emulator is None else self.ctx.emulator.loss(fn, out)
+        return scaled_loss(self.ctx, out, y, self.scale)
 
     def step(self) -> float:
         return train_step(self.stepper, self._forward_backward, self.scaler)

@@ -280,6 +280,15 @@ def apply_checkpointing(model: nn.Sequential, k: int) -> None:
         setattr(model, n, checkpoint_wrapper(getattr(model, n), checkpoint_impl=CheckpointImpl.NO_REENTRANT))
 
 
+def scaled_loss(ctx, out: torch.Tensor, y, scale: float) -> torch.Tensor:
+    """The workload's summed loss of `out` (in fp32) times `scale`, throttled like a block where `ctx`, the
+    rank's context, has an emulator (`Emulator.loss`)."""
+    def fn(o: torch.Tensor) -> torch.Tensor:
+        return ctx.workload.loss_sum(o.float(), y) * scale
+
+    return fn(out) if ctx.emulator is None else ctx.emulator.loss(fn, out)
+
+
 def clean_name(name: str) -> str:
     """Parameter name in the unwrapped model (drops DDP, FSDP, checkpoint and compile prefixes)."""
     for prefix in ("module.", "_orig_mod."):
