@@ -3,7 +3,7 @@ profiles what isolated block timings miss, each term recorded beside the profile
 
 Nine terms, each measured once per profile (or per device group) and then reused: the single-device
 residual (the real data-parallel executor on one device at two batch sizes, in fp32 and in each low
-precision searched), the gradient synchronisation of a uniform data-parallel step on the whole
+precision searched that is not far slower: `LOW_PRECISION_SKIP`), the gradient synchronisation of a uniform data-parallel step on the whole
 cluster and again at the split that balances the devices (`calibrate_sync_balanced`), what a uniform
 ZeRO-3 (FSDP), ZeRO-2 and ZeRO-1 step adds to it and what FSDP2 with CPU offload adds on one device
 alone (`hetsim.search.calib_dataparallel`), the per-action overhead of real pipelines (one-stage ones
