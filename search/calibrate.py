@@ -3,10 +3,10 @@ profiles what isolated block timings miss, each term recorded beside the profile
 
 Nine terms, each measured once per profile (or per device group) and then reused: the single-device
 residual (the real data-parallel executor on one device at two batch sizes, in fp32 and in each low
-precision searched that is not far slower: `LOW_PRECISION_SKIP`), the gradient synchronisation of a uniform data-parallel step on the whole
-cluster and again at the split that balances the devices (`calibrate_sync_balanced`), what a uniform
-ZeRO-3 (FSDP), ZeRO-2 and ZeRO-1 step adds to it and what FSDP2 with CPU offload adds on one device
-alone (`hetsim.search.calib_dataparallel`), the per-action overhead of real pipelines (one-stage ones
+precision searched that is not far slower: `LOW_PRECISION_SKIP`), the gradient synchronisation of a
+uniform data-parallel step on the whole cluster and again at the split that balances the devices
+(`calibrate_sync_balanced`), what a uniform ZeRO-3 (FSDP), ZeRO-2 and ZeRO-1 step adds to it and what
+FSDP2 with CPU offload adds on one device alone (`hetsim.search.calib_dataparallel`), the per-action overhead of real pipelines (one-stage ones
 at up to three micro-batch sizes, and each multi-stage schedule), and (transformers) the
 per-all-reduce overhead of real tensor-parallel steps (`hetsim.search.calib_modelparallel`).  This
 module runs them all and measures the single-device terms itself.  A search measures the terms of the
@@ -109,17 +109,17 @@ def calibrate_devices(cluster: Cluster, workload, profiles: ProfileSet, req: Pro
             prof = calibrate_residual(dev, workload, prof, profiles.devices[kind], sizes, say, repeats=req.repeats)
             save(prof, model_profile_path(req.root, kind, workload.spec))
         for prec in low_precisions(dev, req.precisions):
-            if gradient_problem(prof, prec):
-                continue  # the search refuses this precision's plans (BatchNorm under CPU autocast): none to correct
+            if (gradient_problem(prof, prec)  # refused plans (BatchNorm under CPU autocast): none to correct
+                    or prec in prof.calib_residual_low_s or f"{RESIDUAL}:{prec}" in prof.calib_failed):
+                continue
             slower = slowdown(prof, prec)
-            if slower > LOW_PRECISION_SKIP and prec not in prof.calib_residual_low_s:
+            if slower > LOW_PRECISION_SKIP:
                 say(f"not calibrating {kind} in {prec}: its blocks take {slower:.1f}x their fp32 time in the profiles, "
                     f"so its plans keep the fp32 residual")
                 continue
-            if prec not in prof.calib_residual_low_s and f"{RESIDUAL}:{prec}" not in prof.calib_failed:
-                prof = calibrate_residual(dev, workload, prof, profiles.devices[kind], sizes, say, repeats=req.repeats,
-                                          precision=prec)
-                save(prof, model_profile_path(req.root, kind, workload.spec))
+            prof = calibrate_residual(dev, workload, prof, profiles.devices[kind], sizes, say, repeats=req.repeats,
+                                      precision=prec)
+            save(prof, model_profile_path(req.root, kind, workload.spec))
         if (workload.batch_coupled and prof.grad_cache_residual_s is None and GC_RESIDUAL not in prof.calib_failed
                 and (req.strategies is None or {"ddp", "zero"} & set(req.strategies))):
             # Half a uniform share and a whole one, in the most chunks the search offers: the chunk sizes
