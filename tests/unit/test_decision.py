@@ -205,3 +205,34 @@ def test_profile_model_times_every_point_in_interleaved_rounds(monkeypatch):
     assert calls and prof.timing_spread == pytest.approx(0.1)
     assert all(b.timing["fp32"].fwd_s(mb) == pytest.approx(0.010) for b in prof.blocks for mb in (2, 4))
     assert prof.fingerprint["format"] == measure.FORMAT == "6"
+
+
+@pytest.mark.parametrize("cosine, timed", [(0.19, False), (0.97, True)])
+def test_a_precision_whose_gradient_is_refused_is_not_timed(monkeypatch, cosine, timed):
+    """A low precision whose gradient cosine refuses its plans (BatchNorm resnet50 under CPU bf16
+    autocast: 0.19) is neither timed nor memory-calibrated, and says so; its cosine and the asked
+    precisions stay in the profile, so its plans are still refused and the stored profile still
+    matches the request.  One that passes is timed as before."""
+    import torch
+
+    from hetsim.model.costmodel import gradient_problem
+    from hetsim.profiling import measure
+    from hetsim.workloads.builtin import load_workload
+
+    timed_precs, said = [], []
+    real = measure._measure_micro_batch
+
+    def spy(m, model, prec, mb, first):
+        timed_precs.append(prec)
+        return real(m, model, prec, mb, first)
+
+    monkeypatch.setattr(measure, "grad_cosine", lambda workload, device, precision, mb: cosine)
+    monkeypatch.setattr(measure, "_measure_micro_batch", spy)
+    torch.set_num_threads(1)
+    prof = measure.profile_model(load_workload("mlp", 32), "emu-cpu", torch.device("cpu"), (2, 4), ("fp32", "bf16"),
+                                 reps=1, progress=said.append)
+    assert ("bf16" in timed_precs) is timed and "fp32" in timed_precs
+    assert ("bf16" in prof.blocks[0].timing) is timed and ("bf16" in prof.memory.saved_bytes) is timed
+    assert prof.grad_cosine == {"bf16": cosine} and prof.fingerprint["precisions"] == "fp32,bf16"
+    assert (gradient_problem(prof, "bf16") is None) is timed
+    assert any(s.startswith("not timing mlp in bf16 on emu-cpu: ") and "0.19" in s for s in said) is not timed
