@@ -30,7 +30,7 @@ from hetsim.strategies.helpers import trains_in
 
 from hetsim.execution.warm import warm_launches
 from hetsim.hardware.cluster import Cluster
-from hetsim.model.costmodel import CostModel, gradient_problem
+from hetsim.model.costmodel import LOW_PRECISION_SKIP, CostModel, gradient_problem
 from hetsim.names import REPEATS
 from hetsim.profiling.obtain import (
     ProfileRequest,
@@ -131,14 +131,6 @@ def calibrate_devices(cluster: Cluster, workload, profiles: ProfileSet, req: Pro
             save(prof, model_profile_path(req.root, kind, workload.spec))
         models[kind] = prof
     return replace(profiles, models=models)
-
-
-LOW_PRECISION_SKIP = 2.0
-"""A low precision whose blocks take more than this many times their fp32 time (`slowdown`) gets no
-single-device term of its own: its plans lose to fp32's by far whatever a term of a few per cent adds,
-and they keep the fp32 one (`CostModel.overhead_s`).  gpt@tiny@64 on this 2-core VM, 2026-12-03: bf16
-blocks 9-10x slower than fp32; calibrating bf16 took about 160 s of a 493 s calibration (steps of 0.8
-and 3 s, runs repeated while they disagreed), and no bf16 plan came within 10x of the best."""
 
 
 def slowdown(prof: ModelProfile, precision: str) -> float:

@@ -52,6 +52,15 @@ Low precision perturbs gradients a little (0.94-0.9999 on the models here); Batc
 under bf16 CPU autocast gave 0.19: a different direction, not rounding."""
 
 
+LOW_PRECISION_SKIP = 2.0
+"""A low precision whose blocks take more than this many times their fp32 time is far slower here
+(a CPU without bf16 arithmetic: gpt@tiny@64's bf16 blocks 9-11x, resnet50's 9-15x, on an AMD EPYC
+VM, 2026-12-03): no plan in it competes with fp32's, so profiling times it in one round, not
+every round (`hetsim.profiling.measure.profile_model`), and calibration gives it no single-device
+term of its own (`search.calibrate`: calibrating gpt's bf16 took about 160 s of a 493 s calibration,
+and no bf16 plan came within 10x of the best)."""
+
+
 ZERO_RESIDUAL_FIELDS = {1: "zero1_residual_s", 2: "zero2_residual_s", 3: "shard_residual_s"}
 """`ModelProfile` field of each ZeRO stage's calibrated term."""
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from hetsim.model.costmodel import MIN_GRAD_COSINE
+from hetsim.model.costmodel import LOW_PRECISION_SKIP, MIN_GRAD_COSINE
 from hetsim.profiling.hostspeed import HostProbe, at_ref, ref_of
 from hetsim.profiling.memcal import profile_memory
 from hetsim.profiling.saved import saved_storages, storage_ids
@@ -223,7 +223,8 @@ def profile_model(
     micro-batch size, every other round in reverse order) and the median kept: this host slows down
     for 10-60 s at a time, and three timings in a row fell into one slow phase together (two
     recordings back to back disagreed by up to 65 % on single blocks).  The whole model's timings
-    across the rounds give the profile's spread."""
+    across the rounds give the profile's spread.  A low precision far slower than fp32 in the first
+    round is timed in that round only (`_worth_more_rounds`)."""
     cosines = {p: grad_cosine(workload, device, p, min(16, max(micro_batches))) for p in precisions if p != "fp32"}
     timed = _worth_timing(workload, kind, precisions, cosines, progress)
     model = workload.model().to(device)
@@ -237,9 +238,12 @@ def profile_model(
         out_bytes=[0] * len(blocks), flops=[0.0] * len(blocks),
     )
     rounds = max(1, reps)
+    per_round = timed
     for r in range(rounds):
         m.round = r
-        for prec in timed:
+        if r == 1:
+            per_round = _worth_more_rounds(m, micro_batches, timed, progress)
+        for prec in per_round:
             for mb in (micro_batches if r % 2 == 0 else tuple(reversed(micro_batches))):
                 if progress:
                     progress(f"profiling {workload.name} {prec} micro-batch {mb}"
@@ -286,6 +290,30 @@ def _worth_timing(workload: Workload, kind: str, precisions: tuple[str, ...], co
             progress(f"not timing {workload.name} in {p} on {kind}: its gradient's cosine to the fp32 one is "
                      f"{c:.2f}, below {MIN_GRAD_COSINE}, so no plan trains in {p}")
     return tuple(p for p in precisions if p not in refused)
+
+
+def _worth_more_rounds(m: _Measured, micro_batches: tuple[int, ...], timed: tuple[str, ...],
+                       progress: Callable[[str], None] | None) -> tuple[str, ...]:
+    """`timed` less the low precisions whose blocks took more than `LOW_PRECISION_SKIP` times fp32's in
+    the first round (forward and backward, largest micro-batch): their plans lose to fp32's by far, so
+    one round of timings serves (gpt@tiny@64's bf16 on a CPU without bf16 arithmetic: 10.9x, and 52 of
+    66 profiling seconds at three rounds)."""
+    mb = max(micro_batches)
+
+    def total(p: str) -> float:
+        return sum(ts[mb][0][0] + ts[mb][0][1] for ts in m.times[p])
+
+    base = total("fp32") if "fp32" in timed else 0.0
+    keep = []
+    for p in timed:
+        slower = total(p) / base if p != "fp32" and base > 0 else 1.0
+        if slower > LOW_PRECISION_SKIP:
+            if progress:
+                progress(f"timing {m.workload.name} in {p} once: its blocks took {slower:.1f}x their fp32 time "
+                         f"in the first round, so its plans lose to fp32's by far")
+        else:
+            keep.append(p)
+    return tuple(keep)
 
 
 def _measure_micro_batch(m: _Measured, model: nn.Module, prec: str, mb: int, first: bool) -> None:

@@ -236,3 +236,43 @@ def test_a_precision_whose_gradient_is_refused_is_not_timed(monkeypatch, cosine,
     assert prof.grad_cosine == {"bf16": cosine} and prof.fingerprint["precisions"] == "fp32,bf16"
     assert (gradient_problem(prof, "bf16") is None) is timed
     assert any(s.startswith("not timing mlp in bf16 on emu-cpu: ") and "0.19" in s for s in said) is not timed
+
+
+@pytest.mark.parametrize("slower, rounds", [(10.0, 1), (1.5, 3)])
+def test_a_precision_far_slower_than_fp32_is_timed_in_one_round(monkeypatch, slower, rounds):
+    """A low precision whose blocks take more than `LOW_PRECISION_SKIP` times fp32's in the first round
+    (bf16 on a CPU without bf16 arithmetic: 9-15x) is not timed again in later rounds, and says so;
+    its one round's timings stay in the profile (its plans are predicted, and lose).  One that is not
+    far slower is timed in every round."""
+    import torch
+
+    from hetsim.profiling import measure
+    from hetsim.workloads.builtin import load_workload
+
+    order, now, said = [], {}, []
+    real = measure._measure_micro_batch
+
+    def spy(m, model, prec, mb, first):
+        order.append((m.round, prec))
+        now["prec"] = prec
+        return real(m, model, prec, mb, first)
+
+    def fake_times(fn, device, reps, warmup=1):  # every timing in bf16 takes `slower` times fp32's
+        fn()
+        return [0.010 * (slower if now.get("prec") == "bf16" else 1.0)] * reps
+
+    class FixedProbe:
+        def __call__(self):
+            return 0.016
+
+    monkeypatch.setattr(measure, "grad_cosine", lambda workload, device, precision, mb: 0.99)
+    monkeypatch.setattr(measure, "_measure_micro_batch", spy)
+    monkeypatch.setattr(measure, "_times", fake_times)
+    monkeypatch.setattr(measure, "HostProbe", FixedProbe)
+    torch.set_num_threads(1)
+    prof = measure.profile_model(load_workload("mlp", 32), "emu-cpu", torch.device("cpu"), (2, 4), ("fp32", "bf16"),
+                                 reps=3, progress=said.append)
+    assert sorted({r for r, p in order if p == "bf16"}) == list(range(rounds))
+    assert sorted({r for r, p in order if p == "fp32"}) == [0, 1, 2]
+    assert all(b.timing["bf16"].fwd_s(4) == pytest.approx(0.010 * slower) for b in prof.blocks)
+    assert any(s.startswith("timing mlp in bf16 once: its blocks took 10.0x") for s in said) is (rounds == 1)
