@@ -2,12 +2,14 @@
 
 The rule: trace the module's forward with torch.fx, keeping the longest run of repeated child
 blocks (a ModuleList or nn.Sequential of modules of one class; else the top-level children) as
-single calls.  A cut may go before each such call and after the last one, and is kept only where
-exactly one value flows across it (a residual or a second input that jumps over the cut forbids
-it).  Blocks that share a parameter (tied weights) are merged, with everything between them, so
+single calls.  A cut may go before each such block (its first call, or the first call inside it for
+a ModuleDict layer) and after the last one, and is kept only where exactly one value flows across
+it (a residual or a second input that jumps over the cut forbids it).  Blocks that share a parameter (tied weights) are merged, with everything between them, so
 tied parameters stay on one stage.  The chain is checked against the module's own output on an
-example batch; whatever cannot be split this way runs as one block (data parallel and ZeRO only),
-with a note saying which module and why.
+example batch.  A run that cannot be cut so (inside a torch.nn module whose forward fx cannot
+trace, such as nn.TransformerEncoder) leaves the top-level children to cut between; whatever cannot
+be split either way runs as one block (data parallel and ZeRO only), with a note saying which
+module and why.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from torch import fx, nn
 class Split:
     blocks: tuple[tuple[str, nn.Module], ...]
     notes: tuple[str, ...] = ()
+    why_whole: str = ""
+    """Why it runs as one block (empty when it was split)."""
 
 
 def repeated_run(module: nn.Module) -> tuple[str, list[str]]:
@@ -45,7 +49,11 @@ class _Tracer(fx.Tracer):
         self.leaves = leaves
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return qualname in self.leaves or super().is_leaf_module(m, qualname)
+        if qualname in self.leaves:
+            return True
+        if any(leaf.startswith(qualname + ".") for leaf in self.leaves):
+            return False  # a torch.nn module holding the run (nn.TransformerEncoder's layers): traced into
+        return super().is_leaf_module(m, qualname)
 
 
 def _valid_cuts(root: nn.Module, graph: fx.Graph, anchors: set[str]) -> tuple[list[fx.Node], list[int], list[int]]:
@@ -53,7 +61,7 @@ def _valid_cuts(root: nn.Module, graph: fx.Graph, anchors: set[str]) -> tuple[li
     last one), and those where exactly one value (not a parameter read) is live."""
     nodes = [n for n in graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
     pos = {n: i for i, n in enumerate(nodes)}
-    anchor_idx = [i for i, n in enumerate(nodes) if n.op == "call_module" and n.target in anchors]
+    anchor_idx = sorted({min(starts) for a in anchors if (starts := [i for i, n in enumerate(nodes) if _within(n, a)])})
     if not anchor_idx:
         return nodes, [], []
     cands = sorted(set(anchor_idx[1:] + [anchor_idx[0]] * (anchor_idx[0] > 0) + [anchor_idx[-1] + 1]))
@@ -71,6 +79,11 @@ def _valid_cuts(root: nn.Module, graph: fx.Graph, anchors: set[str]) -> tuple[li
         if len(live) == 1 and live[0].op != "placeholder":
             valid.append(c)
     return nodes, cands, valid
+
+
+def _within(n: fx.Node, path: str) -> bool:
+    """n calls the module at `path` or one inside it (a ModuleDict layer is never called itself)."""
+    return n.op == "call_module" and (n.target == path or str(n.target).startswith(path + "."))
 
 
 def _inplace(root: nn.Module, node: fx.Node) -> bool:
@@ -93,7 +106,10 @@ def _segment(root: nn.Module, graph: fx.Graph, nodes: list[fx.Node], lo: int, hi
             if a.op == "get_attr" and a not in env:
                 env[a] = g.node_copy(a, lambda m: env[m])
         env[n] = g.node_copy(n, lambda m: env[m])
-    out = nodes[hi - 1] if hi < len(nodes) else next(n for n in graph.nodes if n.op == "output").args[0]
+    if hi < len(nodes):  # the one value that crosses the cut (not an unused value such as an LSTM's (h, c))
+        out = next((n for n in reversed(nodes[lo:hi]) if any(u not in seg for u in n.users)), nodes[hi - 1])
+    else:
+        out = next(n for n in graph.nodes if n.op == "output").args[0]
     if isinstance(out, fx.Node):  # a stage that hands on a view breaks the zero-bubble pipeline schedules
         g.output(g.call_function(own_storage, (env[out],)))
     else:
@@ -120,12 +136,25 @@ def _merge_tied(bounds: list[int], blocks: list[fx.GraphModule]) -> list[int]:
 
 
 def split_module(module: nn.Module, example: torch.Tensor, name: str) -> Split:
-    """Blocks of `module` for one input tensor `example` (see the module docstring)."""
+    """Blocks of `module` for one input tensor `example` (see the module docstring): at its longest
+    run of repeated child blocks, else between its top-level children."""
+    path, run = repeated_run(module)
+    split = _split_at(module, example, name, set(run))
+    children = [n for n, _ in module.named_children()]
+    if len(split.blocks) > 1 or not path or len(children) < 2:
+        return split
+    # The run could not be cut (nn.TransformerEncoder's forward is not traceable, ...): the top-level
+    # children may still be (embedding, encoder, head).
+    top = _split_at(module, example, name, set(children))
+    if len(top.blocks) == 1:
+        return split
+    return Split(blocks=top.blocks, notes=top.notes + (
+        f"{name}: cut between its top-level children only, not between the layers of {path} ({split.why_whole})",))
+
+
+def _split_at(module: nn.Module, example: torch.Tensor, name: str, leaves: set[str]) -> Split:
+    """`module` cut before each call of the modules `leaves` (kept whole) and after the last one."""
     whole = Split(blocks=((name, module),))
-    if isinstance(module, nn.Sequential) and repeated_run(module)[0] == "":
-        leaves = {n for n, _ in module.named_children()}
-    else:
-        leaves = set(repeated_run(module)[1])
     try:
         graph = _Tracer(leaves).trace(module, concrete_args=_defaults(module))
     except Exception as e:  # any Python fx cannot follow (data-dependent control flow, *args)
@@ -232,7 +261,7 @@ FIX = ("to pipeline it, give it a forward that is a chain of child modules each 
 
 
 def _fallback(whole: Split, name: str, why: str, fix: str = FIX) -> Split:
-    return Split(blocks=whole.blocks, notes=(
+    return Split(blocks=whole.blocks, why_whole=why, notes=(
         f"{name} runs as one block (data parallel and ZeRO plans only, no pipeline): {why}; {fix}",))
 
 

@@ -94,9 +94,29 @@ def skip_net():
     return SkipNet()
 
 
+class SkipAll(SkipNet):
+    """The input jumps over every cut, the head's too: nothing to cut at."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(32, 3)
+        self.skip = nn.Linear(10, 3)
+
+    def forward(self, x):
+        h = self.stem(x)
+        for b in self.blocks:
+            h = torch.relu(b(h))
+        return self.head(h) + self.skip(x)
+
+
+def skip_all():
+    return SkipAll()
+
+
 skip_net.example_batch = (torch.randn(8, 10, generator=torch.Generator().manual_seed(1)),
                           torch.arange(8) % 3)
 skip_net.loss = nn.CrossEntropyLoss()
+skip_all.example_batch, skip_all.loss = skip_net.example_batch, skip_net.loss
 
 
 def bad_shapes():

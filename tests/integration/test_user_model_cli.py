@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)  # profiling, calibration runs and a real run, one each: ~10 minutes on a busy 2-core host
-@pytest.mark.parametrize("fn, strategies", [("list_mlp", "pipeline"), ("skip_net", "ddp,pipeline")])
+@pytest.mark.parametrize("fn, strategies", [("list_mlp", "pipeline"), ("skip_all", "ddp,pipeline")])
 def test_user_module_is_planned_and_run(fn, strategies, tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests" / "assets"), str(ROOT)]))
     argv = [sys.executable, "-m", "hetsim.search", "--model", f"user_models:{fn}", "--cluster", "emu:1.0@1G,0.5@1G",

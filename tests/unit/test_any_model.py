@@ -88,8 +88,11 @@ def test_bad_sizes_fail_with_the_rule():
         load_workload("vit", image_size=30)
 
 
-@pytest.mark.parametrize("fn, blocks", [("list_mlp", 7), ("seq_cnn", None), ("tied_lm", 1), ("skip_net", 1)])
+@pytest.mark.parametrize("fn, blocks", [("list_mlp", 7), ("seq_cnn", None), ("tied_lm", 1), ("skip_net", 2),
+                                        ("skip_all", 1)])
 def test_user_models_are_split_and_compute_what_they_did(fn, blocks):
+    """skip_net's input jumps over every cut between its layers, but not over the one before its head:
+    it is cut between its top-level children; skip_all's jumps over that one too."""
     wl = load_workload(f"user_models:{fn}")
     if blocks is not None:
         assert len(wl.block_names()) == blocks
@@ -97,6 +100,8 @@ def test_user_models_are_split_and_compute_what_they_did(fn, blocks):
         assert len(wl.block_names()) > 2
     if blocks == 1:
         assert wl.notes and "one block" in wl.notes[0]
+    if fn == "skip_net":
+        assert len(wl.notes) == 1 and "top-level children only" in wl.notes[0] and "more than one value" in wl.notes[0]
     _full_vs_blocks(wl)
 
 
@@ -150,6 +155,78 @@ def test_non_traceable_forward_runs_as_one_block():
 
     split = split_module(Dynamic(), torch.randn(2, 4), "dyn")
     assert len(split.blocks) == 1 and "torch.fx cannot trace" in split.notes[0]
+
+
+def _chain(split, x):
+    for _, b in split.blocks:
+        x = b(x)
+    return x
+
+
+def test_a_cut_hands_on_the_value_that_crosses_it_not_the_last_one_computed():
+    """An LSTM returns (output, (h, c)); the forward keeps the output only.  The block ending at the
+    LSTM hands on that output, not the unused state (before: 'block 1 returns tuple', one block)."""
+    class RNN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(50, 8)
+            self.lstm = nn.LSTM(8, 8, batch_first=True)
+            self.head = nn.Linear(8, 50)
+
+        def forward(self, x):
+            h, _ = self.lstm(self.emb(x))
+            return self.head(h)
+
+    net, x = RNN(), torch.randint(0, 50, (2, 5))
+    split = split_module(net, x, "rnn")
+    assert [n for n, _ in split.blocks] == ["0_emb", "1_lstm", "2_head"] and not split.notes
+    assert torch.equal(_chain(split, x), net(x))
+
+
+def test_layers_that_are_module_dicts_are_cut_before_their_first_call():
+    """A ModuleList of ModuleDicts: a layer is never called itself, only its members; the cut goes
+    before the first call inside each layer (before: no anchor found, one block)."""
+    class Mixer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Linear(6, 8)
+            self.mix = nn.ModuleList(nn.ModuleDict({"n": nn.LayerNorm(8), "f": nn.Linear(8, 8)}) for _ in range(3))
+            self.head = nn.Linear(8, 3)
+
+        def forward(self, x):
+            x = self.embed(x)
+            for blk in self.mix:
+                x = x + blk["f"](blk["n"](x))
+            return self.head(x)
+
+    net, x = Mixer(), torch.randn(2, 6)
+    split = split_module(net, x, "mixer")
+    calls = [[n.target for n in b.graph.nodes if n.op == "call_module"] for _, b in split.blocks]
+    assert calls[0] == ["embed"] and ["mix.1.n", "mix.1.f"] in calls and len(split.blocks) == 4
+    assert torch.allclose(_chain(split, x), net(x))
+
+
+def test_a_run_inside_an_untraceable_torch_module_leaves_the_top_level_children():
+    """nn.TransformerEncoder's layers are the longest run, but its forward branches on its input (fx
+    cannot trace it): the model is cut between its top-level children, and the note says why."""
+    class Enc(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(40, 16)
+            layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+            self.enc = nn.TransformerEncoder(layer, 3, enable_nested_tensor=False)
+            self.head = nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.head(self.enc(self.emb(x)).mean(1))
+
+    net, x = Enc(), torch.randint(0, 40, (2, 7))
+    split = split_module(net, x, "enc")
+    assert [n for n, _ in split.blocks][0] == "0_emb" and len(split.blocks) == 3
+    assert len(split.notes) == 1 and "top-level children only" in split.notes[0] and "enc.layers" in split.notes[0]
+    assert "cannot trace" in split.notes[0]
+    with torch.no_grad():
+        assert torch.allclose(_chain(split, x), net(x), atol=1e-6)
 
 
 @pytest.mark.parametrize("fn, rule", [
