@@ -30,7 +30,7 @@ from hetsim.strategies.helpers import trains_in
 
 from hetsim.execution.warm import warm_launches
 from hetsim.hardware.cluster import Cluster
-from hetsim.model.costmodel import LOW_PRECISION_SKIP, CostModel, gradient_problem
+from hetsim.model.costmodel import LOW_PRECISION_SKIP, CostModel, precision_problem
 from hetsim.names import REPEATS
 from hetsim.profiling.obtain import (
     ProfileRequest,
@@ -109,7 +109,7 @@ def calibrate_devices(cluster: Cluster, workload, profiles: ProfileSet, req: Pro
             prof = calibrate_residual(dev, workload, prof, profiles.devices[kind], sizes, say, repeats=req.repeats)
             save(prof, model_profile_path(req.root, kind, workload.spec))
         for prec in low_precisions(dev, req.precisions):
-            if (gradient_problem(prof, prec)  # refused plans (BatchNorm under CPU autocast): none to correct
+            if (precision_problem(prof, prec)  # refused plans (BatchNorm under CPU autocast): none to correct
                     or prec in prof.calib_residual_low_s or f"{RESIDUAL}:{prec}" in prof.calib_failed):
                 continue
             slower = slowdown(prof, prec)

@@ -88,6 +88,27 @@ class _Contiguous(nn.Module):
         return x.contiguous() if isinstance(x, torch.Tensor) else x
 
 
+class _ContiguousInputGrad(torch.autograd.Function):
+    """Identity; the gradient it hands back is contiguous.  An nn.LSTM with batch_first gives its
+    input a transposed gradient, which the stage's backward send refuses ('input tensor has to be
+    contiguous', gloo)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.contiguous()
+
+
+class _StageInput(nn.Module):
+    """Begins every stage after the first: `_ContiguousInputGrad` on its input."""
+
+    def forward(self, x):
+        return _ContiguousInputGrad.apply(x) if isinstance(x, torch.Tensor) and x.requires_grad else x
+
+
 def _process_groups(n_rep: int, P: int, replica: int, prank: int):
     """(this replica's pipeline group, the group of ranks holding this rank's stages); both None
     without replicas.  Every rank creates every group, in the same order (dist.new_group is collective)."""
@@ -160,7 +181,8 @@ class PipelineExecutor:
             seq.to(ctx.device)
             self.seqs.append(seq)
             end = _Detach() if schedule in ZERO_BUBBLE else _Contiguous()
-            sub: nn.Module = nn.Sequential(OrderedDict([("stage", seq), ("detach", end)]))
+            parts = [("stage", seq), ("detach", end)]
+            sub: nn.Module = nn.Sequential(OrderedDict(([("input", _StageInput())] if s > 0 else []) + parts))
             stages.append(PipelineStage(sub, s, n_stages, ctx.device, group=pp_group))
         return stages
 

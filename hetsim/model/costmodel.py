@@ -65,9 +65,14 @@ ZERO_RESIDUAL_FIELDS = {1: "zero1_residual_s", 2: "zero2_residual_s", 3: "shard_
 """`ModelProfile` field of each ZeRO stage's calibrated term."""
 
 
-def gradient_problem(prof, precision: str) -> str | None:
-    """Why `precision` must not train `prof`'s model on its device kind, from the gradient cosine
-    measured when profiling (a `ModelProfile`); None when it may (or nothing was measured)."""
+def precision_problem(prof, precision: str) -> str | None:
+    """Why `precision` must not train `prof`'s model on its device kind, from what profiling found (a
+    `ModelProfile`): the model fails under its autocast, or its gradient's cosine to fp32's is too
+    low; None when it may (or nothing was measured)."""
+    failed = prof.precision_failed.get(precision)
+    if failed:
+        return (f"{prof.model} fails under {precision} autocast on {prof.device_kind} ({failed}; measured when "
+                f"profiling); use fp32")
     cos = prof.grad_cosine.get(precision)
     if cos is not None and cos < MIN_GRAD_COSINE:
         return (f"{precision} autocast changes {prof.model}'s gradients on {prof.device_kind}: cosine "
@@ -320,9 +325,9 @@ class CostModel:
         return mult * fit(param_count) if param_count > 0 else 0.0
 
     def precision_problem(self, devices, precision: str) -> str | None:
-        """Why `precision` must not train this model on these devices, from the measured gradient
-        cosine of each device kind's profile; None when it may (or nothing was measured)."""
-        return next((p for p in (gradient_problem(self._scale[d][0], precision) for d in devices) if p), None)
+        """Why `precision` must not train this model on these devices, from each device kind's profile
+        (`precision_problem`); None when it may (or nothing was measured)."""
+        return next((p for p in (precision_problem(self._scale[d][0], precision) for d in devices) if p), None)
 
     def host_opt_s(self, dev: int, param_count: float) -> float:
         """Optimizer step on device dev's host CPU (CPU offload).  A GPU profile measures it; an

@@ -225,8 +225,14 @@ def profile_model(
     recordings back to back disagreed by up to 65 % on single blocks).  The whole model's timings
     across the rounds give the profile's spread.  A low precision far slower than fp32 in the first
     round is timed in that round only (`_worth_more_rounds`)."""
-    cosines = {p: grad_cosine(workload, device, p, min(16, max(micro_batches))) for p in precisions if p != "fp32"}
-    timed = _worth_timing(workload, kind, precisions, cosines, progress)
+    cosines, failed = {}, {}
+    for p in precisions:
+        if p != "fp32":
+            try:
+                cosines[p] = grad_cosine(workload, device, p, min(16, max(micro_batches)))
+            except (RuntimeError, TypeError, ValueError) as e:  # the model cannot run under this autocast here
+                failed[p] = f"{type(e).__name__}: {' '.join(str(e).split()).split('. ')[0][:160]}"
+    timed = _worth_timing(workload, kind, precisions, cosines, failed, progress)
     model = workload.model().to(device)
     blocks = list(model.named_children())
     m = _Measured(
@@ -269,6 +275,7 @@ def profile_model(
         blocks=tuple(bps),
         opt_step_s=opt_fits,
         grad_cosine=cosines,
+        precision_failed=failed,
         host_opt_step_s=host_fits,
         step_overhead_s=statistics.median(overhead) if overhead else 0.0,
         probe_s=m.ref,
@@ -279,17 +286,22 @@ def profile_model(
 
 
 def _worth_timing(workload: Workload, kind: str, precisions: tuple[str, ...], cosines: dict[str, float],
-                  progress: Callable[[str], None] | None) -> tuple[str, ...]:
-    """`precisions` less those whose gradient `hetsim.model.costmodel.gradient_problem` refuses: no plan trains in them, so
-    their timings and memory would never be read (resnet50's bf16 under CPU autocast, cosine 0.19,
-    took about 10 of the main job's 13 profiling minutes on a CPU without bf16).  The profile keeps
-    their cosine, which is what refuses their plans."""
+                  failed: dict[str, str], progress: Callable[[str], None] | None) -> tuple[str, ...]:
+    """`precisions` less those `hetsim.model.costmodel.precision_problem` refuses (the model fails under
+    their autocast, or their gradient's cosine to fp32's is too low): no plan trains in them, so their
+    timings and memory would never be read (resnet50's bf16 under CPU autocast, cosine 0.19, took
+    about 10 of the main job's 13 profiling minutes on a CPU without bf16).  The profile keeps their
+    failure or cosine, which is what refuses their plans."""
     refused = {p: c for p, c in cosines.items() if c < MIN_GRAD_COSINE}
     for p, c in refused.items():
         if progress:
             progress(f"not timing {workload.name} in {p} on {kind}: its gradient's cosine to the fp32 one is "
                      f"{c:.2f}, below {MIN_GRAD_COSINE}, so no plan trains in {p}")
-    return tuple(p for p in precisions if p not in refused)
+    for p, why in failed.items():
+        if progress:
+            progress(f"not timing {workload.name} in {p} on {kind}: it fails under {p} autocast ({why}), "
+                     f"so no plan trains in {p}")
+    return tuple(p for p in precisions if p not in refused and p not in failed)
 
 
 def _worth_more_rounds(m: _Measured, micro_batches: tuple[int, ...], timed: tuple[str, ...],

@@ -96,6 +96,10 @@ class ModelProfile:
     grad_cosine: dict[str, float] = field(default_factory=dict)
     """Per low precision: cosine between its gradient and the fp32 gradient of one batch on this
     device kind (measured at profiling).  Empty in profiles recorded without it."""
+    precision_failed: dict[str, str] = field(default_factory=dict)
+    """Per low precision: the error the model raised under its autocast on this device kind, where it
+    did (an nn.LSTM under CPU bf16 autocast on a CPU without bf16 arithmetic: oneDNN has no primitive
+    for it); its plans are refused (`hetsim.model.costmodel.precision_problem`)."""
     host_opt_step_s: dict[str, Fit] = field(default_factory=dict)
     """GPU profiles: the optimizer step on the host CPU (one thread, as a worker runs it) vs
     parameter count, per optimizer: where CPU offload steps the optimizer.  Empty for CPU

@@ -130,3 +130,29 @@ def bad_loss():
 
 def broken():
     raise RuntimeError("this model fails to build")
+
+
+class LSTMLM(nn.Module):
+    """A recurrent language model: nn.LSTM returns (output, (h, c)) and, batch first, gives its input a
+    non-contiguous gradient."""
+
+    def __init__(self, vocab: int = 64, d: int = 16):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.lstm = nn.LSTM(d, d, batch_first=True)
+        self.lstm2 = nn.LSTM(d, d, batch_first=True)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, x):
+        h, _ = self.lstm(self.emb(x))
+        h, _ = self.lstm2(h)
+        return self.head(h)
+
+
+def lstm_lm():
+    def make(n, seed):
+        x = torch.randint(0, 64, (n, 6), generator=torch.Generator().manual_seed(seed))
+        return x, torch.roll(x, -1, dims=1)
+
+    return UserModel(module=LSTMLM(), make_batch=make,
+                     loss=lambda out, y: F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1)))

@@ -215,7 +215,7 @@ def test_a_precision_whose_gradient_is_refused_is_not_timed(monkeypatch, cosine,
     matches the request.  One that passes is timed as before."""
     import torch
 
-    from hetsim.model.costmodel import gradient_problem
+    from hetsim.model.costmodel import precision_problem
     from hetsim.profiling import measure
     from hetsim.workloads.builtin import load_workload
 
@@ -234,7 +234,7 @@ def test_a_precision_whose_gradient_is_refused_is_not_timed(monkeypatch, cosine,
     assert ("bf16" in timed_precs) is timed and "fp32" in timed_precs
     assert ("bf16" in prof.blocks[0].timing) is timed and ("bf16" in prof.memory.saved_bytes) is timed
     assert prof.grad_cosine == {"bf16": cosine} and prof.fingerprint["precisions"] == "fp32,bf16"
-    assert (gradient_problem(prof, "bf16") is None) is timed
+    assert (precision_problem(prof, "bf16") is None) is timed
     assert any(s.startswith("not timing mlp in bf16 on emu-cpu: ") and "0.19" in s for s in said) is not timed
 
 
@@ -276,3 +276,31 @@ def test_a_precision_far_slower_than_fp32_is_timed_in_one_round(monkeypatch, slo
     assert sorted({r for r, p in order if p == "fp32"}) == [0, 1, 2]
     assert all(b.timing["bf16"].fwd_s(4) == pytest.approx(0.010 * slower) for b in prof.blocks)
     assert any(s.startswith("timing mlp in bf16 once: its blocks took 10.0x") for s in said) is (rounds == 1)
+
+
+def test_a_precision_the_model_fails_under_is_refused_not_a_crash(monkeypatch):
+    """A model that raises under a low precision's autocast (an nn.LSTM under CPU bf16 autocast on a CPU
+    without bf16: oneDNN has no primitive) is not timed in it; the profile keeps the error, which
+    refuses that precision's plans with a message naming the model and the fix."""
+    import torch
+
+    from hetsim.model.costmodel import precision_problem
+    from hetsim.profiling import measure
+    from hetsim.workloads.builtin import load_workload
+
+    def fails(workload, device, precision, mb):
+        raise RuntimeError("could not create a primitive descriptor for the LSTM forward propagation primitive. "
+                           "Run workload with environment variable ONEDNN_VERBOSE=all")
+
+    said = []
+    monkeypatch.setattr(measure, "grad_cosine", fails)
+    torch.set_num_threads(1)
+    prof = measure.profile_model(load_workload("mlp", 32), "emu-cpu", torch.device("cpu"), (2, 4), ("fp32", "bf16"),
+                                 reps=1, progress=said.append)
+    assert "bf16" not in prof.blocks[0].timing and "fp32" in prof.blocks[0].timing
+    assert prof.precision_failed == {"bf16": "RuntimeError: could not create a primitive descriptor for the LSTM "
+                                              "forward propagation primitive"}
+    why = precision_problem(prof, "bf16")
+    assert why and "fails under bf16 autocast" in why and "use fp32" in why and prof.model in why
+    assert precision_problem(prof, "fp32") is None
+    assert any(s.startswith("not timing mlp in bf16 on emu-cpu: it fails under bf16 autocast") for s in said)
