@@ -140,6 +140,13 @@ class ZeRO(Strategy):
                 "offload needs zero_stage 2 or 3 (FSDP2's CPUOffloadPolicy); ZeroRedundancyOptimizer (stage 1) "
                 "cannot offload: use zero_stage 2 or 3, or offload=False"
             )
+        scalars = sum(b.scalar_params for b in cost.base_profile.blocks)
+        if plan.zero_stage >= 2 and scalars:
+            raise InfeasiblePlanError(
+                f"zero_stage {plan.zero_stage} shards with torch's fully_shard (FSDP2), which refuses parameters with "
+                f"no dimension; the model has {scalars}: make each a 1-element tensor (torch.ones(1), not "
+                "torch.ones(())), or use zero_stage 1 or ddp"
+            )
         bad = [d for d in plan.devices if not precision_ok(cost, d, plan.precision)]
         if bad:
             need = ("loss scaling, which runs on CUDA only" if plan.precision == "fp16"

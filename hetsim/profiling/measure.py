@@ -427,6 +427,7 @@ def _block_profiles(m: _Measured, micro_batches: tuple[int, ...], precisions: tu
                 out_bytes_per_sample=m.out_bytes[k],
                 flops_per_sample=m.flops[k],
                 param_numels=tuple(p.numel() for p in blk.parameters()),
+                scalar_params=sum(p.dim() == 0 for p in blk.parameters()),
                 split_grad_bytes_per_sample={p: m.split_grads[p][k] for p in precisions},
             )
         )

@@ -14,11 +14,14 @@ measured: the batch maker's shapes, the loss being a finite scalar.
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from hetsim.errors import ConfigError
 from hetsim.workloads.base import Workload
@@ -86,12 +89,20 @@ def user_workload(spec: str, fn: Callable[[], object], first: UserModel) -> Work
     _check(spec, first.module, make, mean_loss)
     x, _ = make(2, 0)
     split = split_module(first.module, x, name)
+    with torch.no_grad():
+        packing = _Packing.of(spec, first.module(x))
 
     def loss_sum(out, y: torch.Tensor) -> torch.Tensor:
+        if packing is not None:
+            out = packing.unpack(out)
         return mean_loss(out, y) * y.shape[0]  # the runner divides by the global batch
 
     def build() -> list[tuple[str, nn.Module]]:
-        return list(split_module(as_user_model(fn(), fn, spec).module, x, name).blocks)
+        blocks = list(split_module(as_user_model(fn(), fn, spec).module, x, name).blocks)
+        if packing is not None:
+            last, block = blocks[-1]
+            blocks[-1] = (last, nn.Sequential(block, packing))
+        return blocks
 
     params = sum(p.numel() for p in first.module.parameters())
     has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in first.module.modules())
@@ -101,6 +112,43 @@ def user_workload(spec: str, fn: Callable[[], object], first: UserModel) -> Work
                     about=f"{spec}: {type(first.module).__name__}, {params / 1e6:.2f}M parameters, "
                           f"{len(split.blocks)} blocks ({', '.join(n for n, _ in split.blocks[:6])}"
                           f"{', ...' if len(split.blocks) > 6 else ''})")
+
+
+class _Packing(nn.Module):
+    """A module's output that is not one tensor (a dict of logits, a tuple with an auxiliary output), as
+    one: every executor, profile and pipeline stage hands on one tensor, so the last block ends by
+    packing the output's tensors, each flattened per sample, side by side (`forward`), and the loss
+    unpacks them into the user's structure (`unpack`) before the user's loss sees it."""
+
+    def __init__(self, spec: Any, shapes: list[torch.Size], dtypes: list[torch.dtype]):
+        super().__init__()
+        self.spec, self.shapes, self.dtypes = spec, shapes, dtypes
+
+    @staticmethod
+    def of(model_spec: str, out: object) -> _Packing | None:
+        """None when `out` is one tensor; a ConfigError when a tensor in it has no batch dimension."""
+        if isinstance(out, torch.Tensor):
+            return None
+        leaves, spec = tree_flatten(out)
+        n = next((t.shape[0] for t in leaves if isinstance(t, torch.Tensor) and t.dim() > 0), None)
+        bad = [t for t in leaves if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] != n]
+        if bad or not leaves:
+            what = type(bad[0]).__name__ if bad and not isinstance(bad[0], torch.Tensor) else \
+                f"a tensor of shape {tuple(bad[0].shape)}" if bad else "no tensor"
+            raise ConfigError(f"--model {model_spec!r}: the module's output holds {what}, not a tensor per "
+                              "sample; return tensors with the batch along dimension 0 (compute scalars in the loss)")
+        return _Packing(spec, [t.shape[1:] for t in leaves], [t.dtype for t in leaves])
+
+    def forward(self, out: object) -> torch.Tensor:
+        leaves = tree_flatten(out)[0]
+        return torch.cat([t.reshape(t.shape[0], -1).float() for t in leaves], dim=1)
+
+    def unpack(self, packed: torch.Tensor) -> object:
+        sizes = [int(math.prod(s)) for s in self.shapes]
+        parts = torch.split(packed, sizes, dim=1)
+        leaves = [p.reshape(packed.shape[0], *s) if d.is_floating_point else p.reshape(packed.shape[0], *s).to(d)
+                  for p, s, d in zip(parts, self.shapes, self.dtypes)]
+        return tree_unflatten(leaves, self.spec)
 
 
 def _check(spec: str, module: nn.Module, make: Callable[[int, int], Batch], mean_loss) -> None:

@@ -156,3 +156,46 @@ def lstm_lm():
 
     return UserModel(module=LSTMLM(), make_batch=make,
                      loss=lambda out, y: F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1)))
+
+
+class TwoHeads(nn.Module):
+    """Returns a dict (logits scaled by a learnable scalar temperature, and an auxiliary regression
+    output): not one tensor, and a parameter with no dimension."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(12, 12) for _ in range(3))
+        self.cls = nn.Linear(12, 4)
+        self.aux = nn.Linear(12, 2)
+        self.temp = nn.Parameter(torch.ones(()))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return {"logits": self.cls(x) * self.temp, "aux": self.aux(x)}
+
+
+def two_heads():
+    def make(n, seed):
+        g = torch.Generator().manual_seed(seed)
+        return torch.randn(n, 12, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+    return UserModel(module=TwoHeads(), make_batch=make,
+                     loss=lambda out, y: F.cross_entropy(out["logits"], y) + out["aux"].pow(2).mean())
+
+
+def scalar_out():
+    """A module whose output holds a scalar (a regulariser computed in forward): refused, loss's job."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(12, 4)
+
+        def forward(self, x):
+            y = self.lin(x)
+            return y, y.pow(2).mean()
+
+    def make(n, seed):
+        return torch.randn(n, 12), torch.zeros(n, dtype=torch.long)
+
+    return UserModel(module=Net(), make_batch=make, loss=lambda out, y: F.cross_entropy(out[0], y) + out[1])

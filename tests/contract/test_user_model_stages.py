@@ -29,3 +29,20 @@ def test_lstm_stages_match_the_full_batch_gradient(schedule, boundaries, tmp_pat
     plan = PipelinePlan(devices=(1, 0), boundaries=boundaries, schedule=schedule,
                         microbatches=1 if schedule == "GPipe" else 2, batch=8)
     check_real_run_gradient(strategies.get("pipeline"), plan, cost, spec, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["pipeline", "ddp"])
+def test_a_dict_output_trains_the_full_batch_gradient(family, tmp_path, monkeypatch):
+    """user_models:two_heads returns a dict; packed at its last block and unpacked for the loss, a
+    pipeline (the last stage computes the loss) and uneven data parallelism match the full-batch
+    gradient, the scalar temperature's too."""
+    from strategies.ddp import DDPPlan
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ASSETS), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.syspath_prepend(str(ASSETS))
+    spec = "user_models:two_heads"
+    cost = structural_cost(spec)
+    plan = (PipelinePlan(devices=(0, 1), boundaries=(0, 2, 4), schedule="1F1B", microbatches=2, batch=8)
+            if family == "pipeline" else DDPPlan(devices=(0, 1), local_batch=(5, 3)))
+    check_real_run_gradient(strategies.get(family), plan, cost, spec, tmp_path)

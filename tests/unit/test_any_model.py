@@ -245,3 +245,42 @@ def test_missing_extra_or_unknown_name_says_how_to_fix():
         load_workload("hf:gpt7")
     with pytest.raises(ConfigError, match="KEY=N"):
         load_workload("hf:gpt2?layers=two")
+
+
+def test_an_output_that_is_not_one_tensor_is_packed_for_the_executors_and_unpacked_for_the_loss():
+    """two_heads returns a dict: its last block ends by packing the dict's tensors into one (what every
+    executor and pipeline stage hands on), and the loss unpacks it, so the chain's loss equals the
+    module's own."""
+    wl = load_workload("user_models:two_heads")
+    x, y = wl.make_batch(5, 3)
+    torch.manual_seed(0)
+    from user_models import two_heads
+
+    own = two_heads()
+    h = x
+    for _, block in wl.model().named_children():
+        h = block(h)
+    assert isinstance(h, torch.Tensor) and h.shape == (5, 4 + 2)
+    assert torch.allclose(wl.loss_sum(h, y), own.loss(own.module(x), y) * 5)
+
+
+def test_an_output_holding_a_scalar_is_refused_with_the_fix():
+    with pytest.raises(ConfigError, match=r"user_models:scalar_out.*shape \(\).*batch along dimension 0"):
+        load_workload("user_models:scalar_out")
+
+
+def test_zero_stages_that_use_fully_shard_refuse_a_parameter_with_no_dimension():
+    """torch's fully_shard raises on a 0-dim parameter (two_heads' temperature): ZeRO-2/3 plans are
+    infeasible with the fix in the message; ZeRO-1 (ZeroRedundancyOptimizer) is not."""
+    import strategies
+    from hetsim.errors import InfeasiblePlanError
+    from hetsim.testing.contract import structural_cost
+    from strategies.zero import ZeROPlan
+
+    cost = structural_cost("user_models:two_heads")
+    assert sum(b.scalar_params for b in cost.base_profile.blocks) == 1
+    zero = strategies.get("zero")
+    for stage in (2, 3):
+        with pytest.raises(InfeasiblePlanError, match="no dimension.*torch.ones\\(1\\)"):
+            zero.validate(ZeROPlan(devices=(0, 1), local_batch=(4, 4), zero_stage=stage), cost)
+    zero.validate(ZeROPlan(devices=(0, 1), local_batch=(4, 4), zero_stage=1), cost)
