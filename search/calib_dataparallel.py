@@ -261,12 +261,16 @@ def uniform_plan(strat, cost: CostModel, global_batch: int | None, zero_stage: i
     small = max(SMALL_BATCH_PER_DEVICE * n, 16)
     plan = None
     for gb in dict.fromkeys(b for b in (global_batch, small) if b):
-        plan = strat.baseline(SearchContext(cost=cost, global_batch=gb))
-        if plan is None:
+        try:
+            plan = strat.baseline(SearchContext(cost=cost, global_batch=gb))
+            if plan is None:
+                return None
+            if zero_stage is not None:
+                plan = replace(plan, zero_stage=zero_stage)
+            strat.validate(plan, cost)
+            if strat.predict(plan, cost)[0].feasible:
+                return plan
+        except InfeasiblePlanError:  # no such plan for this model (FSDP2 and a parameter with no dimension)
             return None
-        if zero_stage is not None:
-            plan = replace(plan, zero_stage=zero_stage)
-        if strat.predict(plan, cost)[0].feasible:
-            return plan
     return plan  # predicted not to fit even at the small batch: its run says so (and is remembered)
 

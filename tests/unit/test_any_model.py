@@ -284,3 +284,8 @@ def test_zero_stages_that_use_fully_shard_refuse_a_parameter_with_no_dimension()
         with pytest.raises(InfeasiblePlanError, match="no dimension.*torch.ones\\(1\\)"):
             zero.validate(ZeROPlan(devices=(0, 1), local_batch=(4, 4), zero_stage=stage), cost)
     zero.validate(ZeROPlan(devices=(0, 1), local_batch=(4, 4), zero_stage=1), cost)
+    from hetsim.search.calib_dataparallel import uniform_plan
+
+    # calibration skips those stages instead of stopping the search
+    assert uniform_plan(zero, cost, 8, 3) is None and uniform_plan(zero, cost, 8, 2) is None
+    assert uniform_plan(zero, cost, 8, 1) is not None
