@@ -4,12 +4,13 @@ The rule: trace the module's forward with torch.fx, keeping the longest run of r
 blocks (a ModuleList or nn.Sequential of modules of one class; else the top-level children) as
 single calls.  A cut may go before each such block (its first call, or the first call inside it for
 a ModuleDict layer) and after the last one, and is kept only where exactly one value flows across
-it (a residual or a second input that jumps over the cut forbids it).  Blocks that share a parameter (tied weights) are merged, with everything between them, so
-tied parameters stay on one stage.  The chain is checked against the module's own output on an
-example batch.  A run that cannot be cut so (inside a torch.nn module whose forward fx cannot
-trace, such as nn.TransformerEncoder) leaves the top-level children to cut between; whatever cannot
-be split either way runs as one block (data parallel and ZeRO only), with a note saying which
-module and why.
+it (a residual or a second input that jumps over the cut forbids it).  Blocks that share a
+parameter (tied weights) are merged, with everything between them, so tied parameters stay on one
+stage.  The chain is checked against the module's own output on an example batch.  A run that
+cannot be cut so (inside a torch.nn module whose forward fx cannot trace, such as
+nn.TransformerEncoder) leaves the top-level children to cut between; whatever cannot be split
+either way runs as one block (data parallel and ZeRO only), with a note saying which module and
+why.
 """
 
 from __future__ import annotations
