@@ -140,8 +140,7 @@ class ZeRO(Strategy):
                 "offload needs zero_stage 2 or 3 (FSDP2's CPUOffloadPolicy); ZeroRedundancyOptimizer (stage 1) "
                 "cannot offload: use zero_stage 2 or 3, or offload=False"
             )
-        scalars = sum(b.scalar_params for b in cost.base_profile.blocks)
-        if plan.zero_stage >= 2 and scalars:
+        if plan.zero_stage >= 2 and (scalars := sum(b.scalar_params for b in cost.base_profile.blocks)):
             raise InfeasiblePlanError(
                 f"zero_stage {plan.zero_stage} shards with torch's fully_shard (FSDP2), which refuses parameters with "
                 f"no dimension; the model has {scalars}: make each a 1-element tensor (torch.ones(1), not "

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from hetsim.model.costmodel import LOW_PRECISION_SKIP, MIN_GRAD_COSINE
+from hetsim.model.costmodel import LOW_PRECISION_SKIP
 from hetsim.profiling.hostspeed import HostProbe, at_ref, ref_of
 from hetsim.profiling.memcal import profile_memory
+from hetsim.profiling.precision import screen_precisions
 from hetsim.profiling.saved import saved_storages, storage_ids
 from hetsim.profiling.store import BlockProfile, BlockTiming, DeviceProfile, ModelProfile
 from hetsim.types import Fit
@@ -225,14 +226,8 @@ def profile_model(
     recordings back to back disagreed by up to 65 % on single blocks).  The whole model's timings
     across the rounds give the profile's spread.  A low precision far slower than fp32 in the first
     round is timed in that round only (`_worth_more_rounds`)."""
-    cosines, failed = {}, {}
-    for p in precisions:
-        if p != "fp32":
-            try:
-                cosines[p] = grad_cosine(workload, device, p, min(16, max(micro_batches)))
-            except (RuntimeError, TypeError, ValueError) as e:  # the model cannot run under this autocast here
-                failed[p] = f"{type(e).__name__}: {' '.join(str(e).split()).split('. ')[0][:160]}"
-    timed = _worth_timing(workload, kind, precisions, cosines, failed, progress)
+    cosines, failed, timed = screen_precisions(workload, kind, device, precisions, min(16, max(micro_batches)),
+                                               progress)
     model = workload.model().to(device)
     blocks = list(model.named_children())
     m = _Measured(
@@ -283,25 +278,6 @@ def profile_model(
         input_bytes_per_sample=m.input_bytes,
         memory=profile_memory(workload, device, micro_batches, timed),
     )
-
-
-def _worth_timing(workload: Workload, kind: str, precisions: tuple[str, ...], cosines: dict[str, float],
-                  failed: dict[str, str], progress: Callable[[str], None] | None) -> tuple[str, ...]:
-    """`precisions` less those `hetsim.model.costmodel.precision_problem` refuses (the model fails under
-    their autocast, or their gradient's cosine to fp32's is too low): no plan trains in them, so their
-    timings and memory would never be read (resnet50's bf16 under CPU autocast, cosine 0.19, took
-    about 10 of the main job's 13 profiling minutes on a CPU without bf16).  The profile keeps their
-    failure or cosine, which is what refuses their plans."""
-    refused = {p: c for p, c in cosines.items() if c < MIN_GRAD_COSINE}
-    for p, c in refused.items():
-        if progress:
-            progress(f"not timing {workload.name} in {p} on {kind}: its gradient's cosine to the fp32 one is "
-                     f"{c:.2f}, below {MIN_GRAD_COSINE}, so no plan trains in {p}")
-    for p, why in failed.items():
-        if progress:
-            progress(f"not timing {workload.name} in {p} on {kind}: it fails under {p} autocast ({why}), "
-                     f"so no plan trains in {p}")
-    return tuple(p for p in precisions if p not in refused and p not in failed)
 
 
 def _worth_more_rounds(m: _Measured, micro_batches: tuple[int, ...], timed: tuple[str, ...],
@@ -440,27 +416,6 @@ def _optimizer_fits(model: nn.Module, device: torch.device, reps: int, probe: Ho
     fits = {name: _profile_optimizer(model, name, device, reps, probe, ref) for name in PROFILED_OPTIMIZERS}
     fits["adam"] = fits["adamw"]
     return fits
-
-
-def grad_cosine(workload: Workload, device: torch.device, precision: str, mb: int) -> float:
-    """Cosine between the gradient of one batch under `precision` autocast and the fp32 gradient
-    (same initial weights, same batch).  Seen on this project's CPUs: 0.19 for BatchNorm resnet50,
-    0.94 for resnet18, 0.9999 for a GroupNorm resnet."""
-    torch.manual_seed(0)
-    model = workload.model().to(device)
-    x, y = workload.make_batch(mb, 7)
-    x, y = x.to(device), y.to(device)
-
-    def grads(prec: str) -> torch.Tensor:
-        model.zero_grad(set_to_none=True)
-        with autocast(device, prec):
-            out = model(x)
-        workload.loss_sum(out.float(), y).backward()
-        return torch.cat([p.grad.detach().flatten().float() for p in model.parameters() if p.grad is not None])
-
-    ref = grads("fp32")
-    low = grads(precision)
-    return float(torch.nn.functional.cosine_similarity(ref, low, dim=0))
 
 
 def _cpu_attention_flops(q, k, v, *args, out_shape=None, **kwargs) -> int:

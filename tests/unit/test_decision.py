@@ -216,7 +216,7 @@ def test_a_precision_whose_gradient_is_refused_is_not_timed(monkeypatch, cosine,
     import torch
 
     from hetsim.model.costmodel import precision_problem
-    from hetsim.profiling import measure
+    from hetsim.profiling import measure, precision
     from hetsim.workloads.builtin import load_workload
 
     timed_precs, said = [], []
@@ -226,7 +226,7 @@ def test_a_precision_whose_gradient_is_refused_is_not_timed(monkeypatch, cosine,
         timed_precs.append(prec)
         return real(m, model, prec, mb, first)
 
-    monkeypatch.setattr(measure, "grad_cosine", lambda workload, device, precision, mb: cosine)
+    monkeypatch.setattr(precision, "grad_cosine", lambda workload, device, precision, mb: cosine)
     monkeypatch.setattr(measure, "_measure_micro_batch", spy)
     torch.set_num_threads(1)
     prof = measure.profile_model(load_workload("mlp", 32), "emu-cpu", torch.device("cpu"), (2, 4), ("fp32", "bf16"),
@@ -246,7 +246,7 @@ def test_a_precision_far_slower_than_fp32_is_timed_in_one_round(monkeypatch, slo
     far slower is timed in every round."""
     import torch
 
-    from hetsim.profiling import measure
+    from hetsim.profiling import measure, precision
     from hetsim.workloads.builtin import load_workload
 
     order, now, said = [], {}, []
@@ -265,7 +265,7 @@ def test_a_precision_far_slower_than_fp32_is_timed_in_one_round(monkeypatch, slo
         def __call__(self):
             return 0.016
 
-    monkeypatch.setattr(measure, "grad_cosine", lambda workload, device, precision, mb: 0.99)
+    monkeypatch.setattr(precision, "grad_cosine", lambda workload, device, precision, mb: 0.99)
     monkeypatch.setattr(measure, "_measure_micro_batch", spy)
     monkeypatch.setattr(measure, "_times", fake_times)
     monkeypatch.setattr(measure, "HostProbe", FixedProbe)
@@ -285,7 +285,7 @@ def test_a_precision_the_model_fails_under_is_refused_not_a_crash(monkeypatch):
     import torch
 
     from hetsim.model.costmodel import precision_problem
-    from hetsim.profiling import measure
+    from hetsim.profiling import measure, precision
     from hetsim.workloads.builtin import load_workload
 
     def fails(workload, device, precision, mb):
@@ -293,7 +293,7 @@ def test_a_precision_the_model_fails_under_is_refused_not_a_crash(monkeypatch):
                            "Run workload with environment variable ONEDNN_VERBOSE=all")
 
     said = []
-    monkeypatch.setattr(measure, "grad_cosine", fails)
+    monkeypatch.setattr(precision, "grad_cosine", fails)
     torch.set_num_threads(1)
     prof = measure.profile_model(load_workload("mlp", 32), "emu-cpu", torch.device("cpu"), (2, 4), ("fp32", "bf16"),
                                  reps=1, progress=said.append)
