@@ -29,6 +29,7 @@ from hetsim import strategies
 from hetsim.execution.runner import measure
 from hetsim.hardware.cluster import parse_cluster
 from hetsim.model.costmodel import CostModel
+from hetsim.profiling.hostspeed import profile_ref
 from hetsim.workloads.builtin import default_image_size, load_workload
 
 
@@ -39,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="resnet50")
     p.add_argument("--global-batch", type=int, default=64)
     p.add_argument("--image-size", type=int, default=None)
+    p.add_argument("--model-size", default=None, help="gpt/bert/vit preset (tiny, small, base, ...)")
+    p.add_argument("--seq-len", type=int, default=None, help="gpt/bert sequence length")
     p.add_argument("--precisions", default="fp32,bf16,fp16")
     p.add_argument("--plans", type=int, default=12, help="suite size")
     p.add_argument("--strategies", default="", help="run only the suite's plans of these families (comma list)")
@@ -55,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster = parse_cluster(a.cluster)
     print(cluster.describe(), flush=True)
     size = a.image_size or default_image_size(a.model, cluster.source != "cuda")
-    workload = load_workload(a.model, size)
+    workload = load_workload(a.model, size, size=a.model_size, seq_len=a.seq_len)
     precisions = tuple(s for s in a.precisions.split(",") if s)
     precisions = tuple(
         pr for pr in precisions if pr == "fp32" or all(_supports(d, pr) for d in cluster.devices)
@@ -77,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ctx = SearchContext(cost=cost, global_batch=a.global_batch, precisions=precisions)
     plans = suite_plans(ctx, a.plans)
+    ref = profile_ref(profiles.models.values())  # 0 on GPUs: their times are not host-speed probed
     if a.strategies:
         plans = [p for p in plans if p.strategy in a.strategies.split(",")]
     print(f"{len(plans)} plans; profiles after {time.perf_counter() - t0:.0f} s", flush=True)
@@ -97,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             timeout_s=180,
             out_dir=str(run_dir),
         )
-        rec = _record(plan, pred, meas, str(run_dir), os.getloadavg()[0])
+        rec = _record(plan, pred, [(meas, str(run_dir), os.getloadavg()[0])], ref)
         records.append(rec)
         err = (
             f"{rec['step_time_err']:+.1%}"
@@ -107,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         mem = ", ".join(f"{e:+.1%}" for e in rec.get("peak_mem_err", []))
         print(
             f"[{i + 1}/{len(plans)}] {rec['label']}: predicted {pred.step_time_s * 1e3:.1f} ms, measured "
-            f"{(meas.step_time_s or float('nan')) * 1e3:.1f} ms ({err}); peak memory error {mem or '-'}",
+            f"{(rec['meas_step_time_s'] or float('nan')) * 1e3:.1f} ms ({err}); peak memory error {mem or '-'}",
             flush=True,
         )
         _write(out, a, cluster, workload, records, t0)

@@ -92,8 +92,11 @@ def launch(job: Job, nproc: int, timeout_s: float, launch_cfg: Launch | None = N
         _loopback_only(env)
     log_path = out_dir / "torchrun.log"
     warm_launcher = warm.active()
-    if warm_launcher is not None and cfg.local:
+    if warm_launcher is not None and cfg.local and not _on_gpu(job):
         # Inside `warm_launches()` (calibration): torchrun's agent in a warm server, fresh ranks forked from it.
+        # Never for GPU ranks: CUDA does not survive a fork (every calibration run on an H200 failed
+        # "Cannot re-initialize CUDA in forked subprocess"), and a GPU machine's cores pay torchrun's
+        # start-up quickly anyway.
         timed_out = warm_launcher.run(job_file, torchrun_args, log_path, timeout_s, env)
         cut = log_path.stat().st_size if timed_out and log_path.exists() else None
     else:
@@ -109,6 +112,11 @@ def launch(job: Job, nproc: int, timeout_s: float, launch_cfg: Launch | None = N
     text = log_path.read_bytes()[:cut].decode(errors="replace") if log_path.exists() else ""
     tail = text[-4000:]
     return results, tail, timed_out
+
+
+def _on_gpu(job: Job) -> bool:
+    """True when a rank of the job runs on a CUDA device."""
+    return any(d.get("backend") == "cuda" for d in job.devices)
 
 
 def _torchrun(cmd: list[str], env: dict[str, str], log_path: Path, job_file: Path,

@@ -15,8 +15,9 @@ One difference in what a failure reads like: the fork agent's failure summary li
 rank it polls, not every one with its exit code, so a rank killed by a signal may read "ended before it
 wrote a result" (the runner still names it as the cause).
 
-Only local runs inside `warm_launches()` go through the server (calibration's); executed plans,
-`launch.sh` and multi-node runs stay `torchrun` commands.  A job that outlives its time limit takes the server
+Only local CPU runs inside `warm_launches()` go through the server (calibration's); GPU runs (CUDA
+cannot be used in a forked child), executed plans, `launch.sh` and multi-node runs stay `torchrun`
+commands.  A job that outlives its time limit takes the server
 down with it (its ranks die with it: `die_with_parent`); the next job starts a new one.
 """
 
