@@ -226,7 +226,7 @@ def profile_model(
     recordings back to back disagreed by up to 65 % on single blocks).  The whole model's timings
     across the rounds give the profile's spread.  A low precision far slower than fp32 in the first
     round is timed in that round only (`_worth_more_rounds`)."""
-    cosines, failed, timed = screen_precisions(workload, kind, device, precisions, min(16, max(micro_batches)),
+    cosines, floors, failed, timed = screen_precisions(workload, kind, device, precisions, min(16, max(micro_batches)),
                                                progress)
     model = workload.model().to(device)
     blocks = list(model.named_children())
@@ -270,6 +270,7 @@ def profile_model(
         blocks=tuple(bps),
         opt_step_s=opt_fits,
         grad_cosine=cosines,
+        grad_cosine_floor=floors,
         precision_failed=failed,
         host_opt_step_s=host_fits,
         step_overhead_s=statistics.median(overhead) if overhead else 0.0,

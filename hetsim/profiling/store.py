@@ -99,6 +99,10 @@ class ModelProfile:
     grad_cosine: dict[str, float] = field(default_factory=dict)
     """Per low precision: cosine between its gradient and the fp32 gradient of one batch on this
     device kind (measured at profiling).  Empty in profiles recorded without it."""
+    grad_cosine_floor: dict[str, float] = field(default_factory=dict)
+    """Per low precision: cosine between the fp32 gradient of that batch and the fp32 gradient at the
+    weights rounded to the precision: how far rounding alone moves this model's gradient
+    (`hetsim.model.costmodel.cosine_refuses`).  Empty in profiles recorded without it."""
     precision_failed: dict[str, str] = field(default_factory=dict)
     """Per low precision: the error the model raised under its autocast on this device kind, where it
     did (an nn.LSTM under CPU bf16 autocast on a CPU without bf16 arithmetic: oneDNN has no primitive
