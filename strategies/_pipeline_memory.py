@@ -58,6 +58,8 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
     wgrad: dict[int, float] = {}
     pending: dict[int, float] = {}
     grad_sweep: dict[int, float] = {}
+    out_b: dict[int, float] = {}  # the stage's output, sent on (none from the last stage)
+    in_b: dict[int, float] = {}  # the stage's received input (none on the first stage)
     for s in stages:
         lo, hi = boundaries[s], boundaries[s + 1]
         p, gr, o = stage_state(cost, lo, hi)
@@ -77,14 +79,15 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
             before += k_b
         sweep[s] = max(0.0, worst - kept[s])
         grad_sweep[s] = max(0.0, worst_g - worst)
-        numels += [n for b in cost.base_profile.blocks[lo:hi] for n in b.param_numels]
+        numels += [n for b in blocks[lo:hi] for n in b.param_numels]
         wgrad[s] = float(largest_param_bytes(cost, lo, hi))
         # What a split backward keeps from I to W: the received output gradient (none on the last
         # stage) and, past the first stage, the parameter groups' captured activation gradients and
         # the input's gradient that stage_backward_input leaves on the input (`inp.grad`).  The
         # retained graph itself is in `kept`.
-        pending[s] = (float(blocks[hi - 1].out_bytes_per_sample * micro) if hi < boundaries[-1] else 0.0) + (
-            sum(g_s) + blocks[lo - 1].out_bytes_per_sample * micro if s > 0 else 0.0)
+        out_b[s] = float(blocks[hi - 1].out_bytes_per_sample * micro) if hi < boundaries[-1] else 0.0
+        in_b[s] = float(blocks[lo - 1].out_bytes_per_sample * micro) if s > 0 else 0.0
+        pending[s] = out_b[s] + (sum(g_s) + in_b[s] if s > 0 else 0.0)
     # The calibrated temporaries of a whole model's backward include the gradient of its largest
     # parameter before accumulation: a stage's backward has its own largest instead, and an input
     # backward computes no parameter gradient at all.
@@ -115,11 +118,8 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
     # 3); peaks measured 33.6 / 21.6 MiB, predicted 30.2 / 17.5 without them, 31.2 / 20.8 with.
     # The receive slots of cross-rank transfers are allocated once, before the measured step.
     retain = len(stages) > 1
-    n_blocks = boundaries[-1]
-    out_u = {s: float(blocks[boundaries[s + 1] - 1].out_bytes_per_sample * micro)
-             if retain and boundaries[s + 1] < n_blocks else 0.0 for s in stages}
-    in_u = {s: float(blocks[boundaries[s] - 1].out_bytes_per_sample * micro) if retain and s > 0 else 0.0
-            for s in stages}
+    out_u = {s: out_b[s] if retain else 0.0 for s in stages}
+    in_u = {s: in_b[s] if retain else 0.0 for s in stages}
     held = waiting = 0.0
     best = (0.0, float(optimizer_step_temp_bytes(cost.optimizer, numels)))  # (activations, other)
     for a in actions:
