@@ -103,8 +103,8 @@ def hf_spec(name: str, over: dict[str, int]) -> str:
 
 
 def hf_workload(spec: str, seq_len: int | None = None) -> Workload:
+    name, over = parse_hf(spec)  # an unknown name or a bad override is said first, with or without the extra
     transformers = _require("transformers", "hf", spec)
-    name, over = parse_hf(spec)
     t = HF_MODELS[name]
     over.setdefault("seq", seq_len or HF_SEQ_LEN)
     cfg = getattr(transformers, t.config)(**dict(t.defaults))
