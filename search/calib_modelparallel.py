@@ -4,6 +4,7 @@ real tensor-parallel steps, each the residual that makes the simulated step equa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,7 +17,14 @@ from hetsim.model.costmodel import CostModel
 from hetsim.names import REPEATS, min_samples_per_micro_batch
 from hetsim.profiling.hostspeed import profile_ref
 from hetsim.profiling.obtain import Say
-from hetsim.profiling.store import ProfileSet, group_key, model_profile_path, multi_stage_key, save
+from hetsim.profiling.store import (
+    ProfileSet,
+    group_key,
+    model_profile_path,
+    multi_stage_key,
+    precision_action_key,
+    save,
+)
 from hetsim.types import Fit
 
 from .calib_dataparallel import record
@@ -129,31 +137,44 @@ def calibration_multi_stage_plans(cost, global_batch: int, min_micro: int) -> li
 
 
 def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
-                       global_batch: int, repeats: int = REPEATS) -> ProfileSet:
+                       global_batch: int, repeats: int = REPEATS, precisions: Sequence[str] = ()) -> ProfileSet:
     """Run short real pipelines on the whole cluster (each twice, more while no two agree:
     `robust_step_s`) and record the per-compute-action residual (per micro-batch size: `fit_action_residual`,
     like `calibrate_residual` per data-parallel micro-step) that makes their simulated steps equal the
     measured ones: torch.distributed.pipelining's per-action work, p2p waits, contention between ranks
     and small-micro-batch costs that isolated block timings miss.  One term for one-stage-per-rank
     schedules (up to three runs: `calibration_pipeline_plans`), one for each multi-stage schedule that
-    gives a term (a run each: `calibration_multi_stage_plans`); each measured once per group."""
+    gives a term (a run each: `calibration_multi_stage_plans`); each measured once per group.
+
+    Each low precision in `precisions` gets terms of its own, from the same plans run in it
+    (`precision_action_key`): resnet50@64 on the default cluster, a host with AVX-512 bf16, 2026-12-04:
+    with the fp32 terms alone bf16 pipelines measured 27-34 % slower than simulated (1F1B m=2, three
+    InterleavedZeroBubble m=2 plans; their fp32 twins +3.2 / -5.7 %), while one-rank bf16 pipelines and
+    bf16 data parallelism were within 4 %: two ranks computing in bf16 side by side slow each other
+    more than in fp32 (16/16 data parallelism on two full-speed ranks: bf16 took 0.86 of fp32's step,
+    one rank alone 0.69)."""
     if len(next(iter(profiles.models.values())).blocks) < len(cluster.devices):
         return profiles  # fewer blocks than devices: no pipeline over the whole cluster
     group = group_key(cluster.devices)
-    profiles = _calibrate_actions(cluster, workload, profiles, root, say, global_batch, repeats, "pipe_action_s",
-                                  lambda plans: {group: plans}, calibration_pipeline_plans,
-                                  lambda plan: float(plan.micro_batch), "micro-batch {:g}")
+    for prec in ("fp32", *precisions):
+        def in_prec(plans_for, prec=prec):
+            return lambda cost, gb, mm: [replace(p, precision=prec) for p in plans_for(cost, gb, mm)]
 
-    def by_schedule(plans) -> dict:
-        out: dict = {}
-        for p in plans:
-            out.setdefault(multi_stage_key(p.schedule, group), []).append(p)
-        return out
+        def by_schedule(plans, prec=prec) -> dict:
+            out: dict = {}
+            for p in plans:
+                out.setdefault(precision_action_key(multi_stage_key(p.schedule, group), prec), []).append(p)
+            return out
 
-    return _calibrate_actions(cluster, workload, profiles, root, say, global_batch, repeats, "pipe_action_multi_s",
-                              by_schedule, calibration_multi_stage_plans,
-                              lambda plan: float(plan.microbatches * plan.stages_per_rank),
-                              "{:g} micro-batches x stages per rank")
+        profiles = _calibrate_actions(cluster, workload, profiles, root, say, global_batch, repeats, "pipe_action_s",
+                                      lambda plans, prec=prec: {precision_action_key(group, prec): plans},
+                                      in_prec(calibration_pipeline_plans),
+                                      lambda plan: float(plan.micro_batch), "micro-batch {:g}")
+        profiles = _calibrate_actions(cluster, workload, profiles, root, say, global_batch, repeats,
+                                      "pipe_action_multi_s", by_schedule, in_prec(calibration_multi_stage_plans),
+                                      lambda plan: float(plan.microbatches * plan.stages_per_rank),
+                                      "{:g} micro-batches x stages per rank")
+    return profiles
 
 
 def _calibrate_actions(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say, global_batch: int,

@@ -95,10 +95,24 @@ def _calibrate_all(cluster: Cluster, workload, profiles: ProfileSet, req: Profil
             profiles = calibrate_zero1(cluster, workload, profiles, req.root, say, repeats=r, global_batch=gb)
             profiles = calibrate_offload_single(cluster, workload, profiles, req.root, say, repeats=r, global_batch=gb)
         if searched("pipeline", "hybrid"):
-            profiles = calibrate_pipeline(cluster, workload, profiles, req.root, say, req.global_batch, repeats=r)
+            profiles = calibrate_pipeline(cluster, workload, profiles, req.root, say, req.global_batch, repeats=r,
+                                          precisions=pipeline_precisions(cluster, profiles, req.precisions))
         if searched("tp"):
             profiles = calibrate_tp(cluster, workload, profiles, req.root, say, req.global_batch, repeats=r)
     return profiles
+
+
+def pipeline_precisions(cluster: Cluster, profiles: ProfileSet, precisions) -> tuple[str, ...]:
+    """The low precisions whose pipelines get calibration runs of their own (`calibrate_pipeline`): those
+    every device trains in, that no profile refuses or times too slow to be calibrated (as the single-device
+    residual decides), and not fp16, which pipelined runs refuse (no loss scaling)."""
+    def usable(prec: str) -> bool:
+        return prec != "fp16" and all(
+            prec in low_precisions(d, precisions)
+            and not any(precision_problem(m, prec) or slowdown(m, prec) > LOW_PRECISION_SKIP
+                        for m in profiles.models.values())
+            for d in cluster.devices)
+    return tuple(p for p in dict.fromkeys(precisions) if p != "fp32" and usable(p))
 
 
 def calibrate_devices(cluster: Cluster, workload, profiles: ProfileSet, req: ProfileRequest, say: Say) -> ProfileSet:

@@ -161,7 +161,7 @@ def step_elements(cost: CostModel, lanes: Sequence[Lane], n_stages: int, precisi
                 return None
             acc = pre(d, lane.micro)
             c = max(0.0, acc[hi] - acc[lo] + cost.stage_overhead_s(d, lo, hi, lane.micro, precision)
-                    + 2 * action_term(cost, schedule, lane.micro, m * v))  # F and B
+                    + 2 * action_term(cost, schedule, lane.micro, m * v, precision))  # F and B
             link = 0.0
             if s + 1 < n_stages and lane.stage_devices[s + 1] != d:
                 nbytes = cost.blocks()[hi - 1].out_bytes_per_sample * lane.micro

@@ -104,7 +104,7 @@ MULTI_TERM_RUN = {"Interleaved1F1B": "Interleaved1F1B", "LoopedBFS": "Interleave
 (`hetsim.search.calib_modelparallel.calibration_multi_stage_plans`)."""
 
 
-def action_term(cost: CostModel, schedule: str, micro: float, chunks: int) -> float:
+def action_term(cost: CostModel, schedule: str, micro: float, chunks: int, precision: str = "fp32") -> float:
     """The calibrated per-action term (`CostModel.pipeline_action_s`) of a `schedule` pipeline at
     micro-batch `micro` (one-stage schedules) or with `chunks` = micro-batches x stages per rank
     (multi-stage schedules).
@@ -131,9 +131,9 @@ def action_term(cost: CostModel, schedule: str, micro: float, chunks: int) -> fl
     InterleavedZeroBubble -1.0 ms at 2 stages x 2 micro-batches, -0.1 at 2 x 4, +0.3 at 2 x 8, -0.1 at
     3 x 2 and +0.9 at 3 x 8 (that plan measured 0.235 s where one term from 2 x 2 said 0.169)."""
     if schedule in SINGLE_STAGE:
-        return cost.pipeline_action_s(micro)
+        return cost.pipeline_action_s(micro, precision=precision)
     run = MULTI_TERM_RUN.get(schedule)
-    return cost.pipeline_action_s(chunks, schedule=run) if run else 0.0
+    return cost.pipeline_action_s(chunks, schedule=run, precision=precision) if run else 0.0
 
 
 # ----------------------------------------------------------------------------- action lists
@@ -261,7 +261,7 @@ def add_pipeline(g: TaskGraph, cost: CostModel, devices: Sequence[int], boundari
     v = n_stages // n_ranks
     acts = rank_actions(schedule, n_ranks, m, v)
     dev_of = [devices[stage_rank(schedule, n_ranks, s)] for s in range(n_stages)]
-    extra = action_term(cost, schedule, micro, m * v)  # hetsim.search.calib_modelparallel.calibrate_pipeline
+    extra = action_term(cost, schedule, micro, m * v, precision)  # hetsim.search.calib_modelparallel.calibrate_pipeline
     specs = _TaskSpecs(cost, boundaries, dev_of, micro, precision, ckpt, tag, extra)
     # Pass 1: every task as a spec with symbolic dependencies; ids are known before adding.
     for r, rank_acts in enumerate(acts):

@@ -24,6 +24,7 @@ from hetsim.profiling.store import (
     ProfileSet,
     group_key,
     multi_stage_key,
+    precision_action_key,
 )
 from hetsim.types import Fit
 from hetsim.workloads.builtin import OPTIMIZER_STATE_PER_PARAM
@@ -252,7 +253,7 @@ class CostModel:
         part = self.fwd_s(dev, lo, hi, mb, precision) + self.bwd_s(dev, lo, hi, mb, precision)
         return self.overhead_s(dev, mb, precision=precision) * (part / whole_t if whole_t > 0 else 0.0)
 
-    def pipeline_action_s(self, mb: float, schedule: str | None = None) -> float:
+    def pipeline_action_s(self, mb: float, schedule: str | None = None, precision: str = "fp32") -> float:
         """Calibrated extra time of every compute action of a pipeline schedule on this cluster at micro-batch
         mb (0 when not calibrated): torch.distributed.pipelining's per-action work, waits for peers, p2p and
         contention, as real pipeline runs measured it (`hetsim.search.calib_modelparallel.calibrate_pipeline`).
@@ -265,10 +266,14 @@ class CostModel:
         One-stage-per-rank schedules (GPipe, 1F1B) have one term (`ModelProfile.pipe_action_s`); a multi-stage
         `schedule` the one its own calibration runs measured (`ModelProfile.pipe_action_multi_s`,
         `hetsim.strategies._pipeline_sched.action_term`), and then `mb` is the plan's micro-batches x stages
-        per rank, the variable that term is fitted in."""
+        per rank, the variable that term is fitted in.  A low `precision` reads the term its own runs
+        measured (`precision_action_key`) where there is one, else the fp32 term."""
         group = self.memo(("cluster_group_key",), lambda: group_key(self.cluster.devices))
         field_name, key = ("pipe_action_s", group) if schedule is None else ("pipe_action_multi_s",
                                                                               multi_stage_key(schedule, group))
+        low = precision_action_key(key, precision)
+        if low != key and any(low in getattr(m, field_name) for m in self.profiles.models.values()):
+            key = low
 
         def fits():
             return [getattr(m, field_name)[key] for m in self.profiles.models.values() if key in getattr(m, field_name)]

@@ -228,6 +228,12 @@ def multi_stage_key(schedule: str, group: str) -> str:
     return f"{schedule}:{group}"
 
 
+def precision_action_key(key: str, precision: str) -> str:
+    """Key of a pipeline per-action term (either field) measured by runs in a low `precision`; fp32's is
+    the key itself."""
+    return key if precision == "fp32" else f"{key}@{precision}"
+
+
 # ----------------------------------------------------------------------------- where profiles live
 
 
