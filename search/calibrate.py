@@ -107,11 +107,9 @@ def pipeline_precisions(cluster: Cluster, profiles: ProfileSet, precisions) -> t
     every device trains in, that no profile refuses or times too slow to be calibrated (as the single-device
     residual decides), and not fp16, which pipelined runs refuse (no loss scaling)."""
     def usable(prec: str) -> bool:
-        return prec != "fp16" and all(
-            prec in low_precisions(d, precisions)
-            and not any(precision_problem(m, prec) or slowdown(m, prec) > LOW_PRECISION_SKIP
-                        for m in profiles.models.values())
-            for d in cluster.devices)
+        return (prec != "fp16" and all(prec in low_precisions(d, precisions) for d in cluster.devices)
+                and not any(precision_problem(m, prec) or slowdown(m, prec) > LOW_PRECISION_SKIP
+                            for m in profiles.models.values()))
     return tuple(p for p in dict.fromkeys(precisions) if p != "fp32" and usable(p))
 
 
