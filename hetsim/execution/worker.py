@@ -25,6 +25,7 @@ from hetsim.errors import EmulatedOutOfMemoryError
 from hetsim.execution.emulation import Emulator
 from hetsim.execution.launcher import die_with_parent
 from hetsim.execution.memtrack import measure_step
+from hetsim.hardware.hostalloc import steady_malloc
 from hetsim.profiling.commbench import run_commbench
 from hetsim.profiling.hostspeed import RunProbe, at_ref, shared_probes
 from hetsim.serial import dump_json, from_dict, to_dict
@@ -128,6 +129,7 @@ def run_job(job: Job, build_executor: BuildExecutor) -> RankResult:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    steady_malloc()
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

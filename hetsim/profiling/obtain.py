@@ -19,6 +19,7 @@ import torch
 from hetsim.errors import ProfileMismatchError
 from hetsim.execution.runner import Launch, commbench
 from hetsim.hardware.cluster import Cluster, Device
+from hetsim.hardware.hostalloc import steady_malloc
 from hetsim.names import REPEATS
 from hetsim.profiling.measure import device_fingerprint, profile_device, profile_model
 from hetsim.profiling.store import (
@@ -106,6 +107,7 @@ def measure_profiles(cluster: Cluster, workload, req: ProfileRequest, say: Say =
     of the whole cluster, each reused from `req.root`/profiles/ while its fingerprint matches."""
     t0 = time.perf_counter()
     torch.set_num_threads(1)  # each worker process computes with one thread
+    steady_malloc()  # as every rank of a real run does (hetsim.hardware.hostalloc)
     models: dict[str, ModelProfile] = {}
     devices: dict[str, DeviceProfile] = {}
     sizes = micro_batch_sizes(req.global_batch, len(cluster.devices), coupled=workload.batch_coupled)

@@ -23,6 +23,7 @@ from torch import nn
 from hetsim.execution.emulation import Emulator
 from hetsim.execution.planfile import PlanFile
 from hetsim.execution.worker import RankResult, summarize_steps
+from hetsim.hardware.hostalloc import steady_malloc
 from hetsim.profiling.hostspeed import RunProbe
 from hetsim.workloads import Workload
 
@@ -105,6 +106,7 @@ class Trainer:
 
     def setup(self) -> None:
         torch.set_num_threads(1)
+        steady_malloc()
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         dev = self.pf.devices[self.rank]
         self.device = torch.device("cuda", dev.get("index", 0)) if dev.get("backend") == "cuda" else torch.device("cpu")
