@@ -20,6 +20,7 @@ leaves the allocator as it is (for comparison)."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 
@@ -37,16 +38,10 @@ worker's step, so a step never returns pages that the next one faults in again."
 TOP_PAD_BYTES = 64 * 1024**2
 """Extra heap grown at a time, so a growing heap asks the kernel rarely."""
 
-_done: bool | None = None
-
-
+@functools.cache
 def steady_malloc() -> bool:
     """Fix this process's malloc thresholds (once; see the module docstring).  True when set; False
     off glibc (macOS, musl) or with HETSIM_MALLOC=default, where nothing changes."""
-    global _done
-    if _done is not None:
-        return _done
-    _done = False
     if not sys.platform.startswith("linux") or os.environ.get("HETSIM_MALLOC") == "default":
         return False
     try:
@@ -55,7 +50,6 @@ def steady_malloc() -> bool:
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
-    _done = all(mallopt(param, value) == 1 for param, value in (
+    return all(mallopt(param, value) == 1 for param, value in (
         (M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES), (M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES),
         (M_TOP_PAD, TOP_PAD_BYTES)))
-    return _done
