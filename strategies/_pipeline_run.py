@@ -131,6 +131,13 @@ def _process_groups(n_rep: int, P: int, replica: int, prank: int):
 
 
 class PipelineExecutor:
+    """One rank of a pipeline, or of data-parallel replicas of one (rank = replica x P + pipeline rank).
+
+    Subclasses place more than one rank on a stage (`_tp_pipeline_run`: a tensor group per stage)
+    through `ranks_per_stage`, `_layout`, `_full_model` and `_emulate`."""
+
+    ranks_per_stage = 1
+
     def __init__(self, ctx, *, schedule: str, boundaries: Sequence[int], microbatches: int, precision: str,
                  checkpoint_blocks: int, replica_batches: Sequence[int], pipeline_ranks: int):
         self.ctx = ctx
@@ -138,12 +145,12 @@ class PipelineExecutor:
         wl = ctx.workload
         n_rep = len(replica_batches)
         P = pipeline_ranks
-        if n_rep * P != ctx.world_size:
-            raise ValueError(f"replicas({n_rep}) * pipeline ranks({P}) != WORLD_SIZE({ctx.world_size})")
-        replica, prank = divmod(ctx.rank, P)
+        if n_rep * P * self.ranks_per_stage != ctx.world_size:
+            raise ValueError(f"replicas({n_rep}) * pipeline ranks({P}) * ranks per stage({self.ranks_per_stage}) "
+                             f"!= WORLD_SIZE({ctx.world_size})")
         n_stages = len(boundaries) - 1
         v = n_stages // P
-        pp_group, dp_group = _process_groups(n_rep, P, replica, prank)
+        replica, prank, pp_group, dp_group = self._layout(n_rep, P)
 
         self.stage_ids = rank_stages(schedule, P, v, prank)
         stages = self._build_stages(schedule, boundaries, checkpoint_blocks, pp_group)
@@ -164,6 +171,20 @@ class PipelineExecutor:
         [(self.x, self.y)] = own_micro_batches(x, y, lo, hi, [hi - lo], ctx.device)  # the schedule splits it
         self.dp_group = dp_group
 
+    def _layout(self, n_rep: int, P: int):
+        """(replica, pipeline rank, pipeline process group, replica process group) of this rank."""
+        replica, prank = divmod(self.ctx.rank, P)
+        return (replica, prank, *_process_groups(n_rep, P, replica, prank))
+
+    def _full_model(self) -> nn.Module:
+        """The whole model with its deterministic initial weights, whose blocks the stages take."""
+        return self.ctx.workload.model()
+
+    def _emulate(self, seq: nn.Sequential, stage: int, n_stages: int) -> None:
+        """Emulated speed: every block of the stage throttled after its forward and its backward."""
+        if self.ctx.emulator is not None:
+            self.ctx.emulator.attach(list(seq.children()))
+
     def _build_stages(self, schedule: str, boundaries: Sequence[int], checkpoint_blocks: int, pp_group) -> list:
         """This rank's stages (self.stage_ids) as `nn.Sequential`s of the full model's blocks, kept in
         self.seqs, and wrapped as torch `PipelineStage`s (returned)."""
@@ -171,7 +192,7 @@ class PipelineExecutor:
 
         ctx = self.ctx
         n_stages = len(boundaries) - 1
-        full = ctx.workload.model()
+        full = self._full_model()
         names = [n for n, _ in full.named_children()]
         mods = dict(full.named_children())
         self.seqs: list[nn.Sequential] = []
@@ -179,8 +200,7 @@ class PipelineExecutor:
         for s in self.stage_ids:
             lo, hi = boundaries[s], boundaries[s + 1]
             seq = nn.Sequential(OrderedDict((n, mods[n]) for n in names[lo:hi]))
-            if ctx.emulator is not None:
-                ctx.emulator.attach(list(seq.children()))
+            self._emulate(seq, s, n_stages)
             apply_checkpointing(seq, max(0, min(hi, checkpoint_blocks) - lo))
             seq.to(ctx.device)
             self.seqs.append(seq)

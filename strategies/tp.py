@@ -28,6 +28,13 @@ from hetsim.types import MemoryBreakdown
 
 from . import register
 from ._dp_closed import buckets
+from ._tp_pipeline import (
+    build_pipeline_plan,
+    even_counterpart,
+    pipeline_graph,
+    pipeline_memory,
+    validate_pipeline,
+)
 from ._tp_shards import (
     HIDDEN_GRANULE,
     REPLICATED_SHARE,
@@ -45,6 +52,10 @@ if TYPE_CHECKING:
 
 TP_SIZES = (2, 4, 8)
 GROUPINGS = ("fast_links", "strided")
+STAGES = (1, 2, 4)
+"""Pipeline stages of tensor groups a search may choose (PP x TP), where the cluster has 2 x that."""
+MICROBATCHES = (2, 4, 8)
+"""Micro-batches per step of a PP x TP plan."""
 REPLICATED_ACT_SHARE = 0.3
 """Share of a layer's saved activations that every rank keeps in full (the layer input, the norms'
 outputs, the residual sums: ~6 d_model per token against ~12 d_model + heads x seq sharded)."""
@@ -62,6 +73,15 @@ class TPPlan(Plan):
     local_batch: tuple[int, ...]
     """Samples per optimizer step of each replica (every rank of a group sees the same batch)."""
     accum_steps: int = 1
+    stages: int = 1
+    """Pipeline stages (PP x TP); rank (replica x stages + stage) x tp_size + position runs on
+    devices[rank], and every stage's tensor group holds the same shards (`_tp_pipeline`)."""
+    boundaries: tuple[int, ...] = ()
+    """With stages > 1: stage s runs blocks boundaries[s] .. boundaries[s+1]-1."""
+    microbatches: int = 1
+    """With stages > 1: micro-batches per replica per step (the pipeline's accumulation)."""
+    schedule: str = "1F1B"
+    """With stages > 1: torch's schedule, 'GPipe' or '1F1B'."""
 
     @property
     def global_batch(self) -> int:
@@ -78,11 +98,18 @@ class TPPlan(Plan):
     @property
     def dtensor(self) -> bool:
         """Run through parallelize_module (even shards, one replica) rather than per-rank slices."""
-        return self.even and self.dp == 1
+        return self.even and self.dp == 1 and self.stages == 1
 
     def groups(self) -> tuple[tuple[int, ...], ...]:
+        """Every tensor group (of every replica and stage), in rank order."""
         t = self.tp_size
-        return tuple(self.devices[g * t:(g + 1) * t] for g in range(self.dp))
+        return tuple(self.devices[g * t:(g + 1) * t] for g in range(len(self.devices) // t))
+
+
+def stage_choices(n_devices: int) -> tuple[int, ...]:
+    """The stage counts a search on `n_devices` offers (at least 2 devices a stage): the same for
+    every trial of a study, as Optuna's categorical distributions need."""
+    return tuple(s for s in STAGES if 2 * s <= n_devices)
 
 
 def tp_dims(cost: CostModel) -> TransformerDims | None:
@@ -266,12 +293,13 @@ def balance_replicas(cost: CostModel, dims: TransformerDims, groups, heads, hidd
 
 
 def build_plan(cost: CostModel, devices, tp: int, grouping: str, global_batch: int, accum: int = 1,
-               even: bool = False) -> TPPlan:
-    """The plan of these choices with its inner knobs solved (or DTensor's even shards)."""
+               even: bool = False, stages: int = 1, microbatches: int = 1) -> TPPlan:
+    """The plan of these choices with its inner knobs solved (or DTensor's even shards); with
+    stages > 1, tensor groups as pipeline stages (`_tp_pipeline`)."""
     dims = _dims(cost)
-    if len(devices) % tp or tp > dims.n_head:
-        raise InfeasiblePlanError(f"tensor group size {tp} must divide the {len(devices)} devices and be at most "
-                                  f"the {dims.n_head} heads")
+    if len(devices) % (tp * stages) or tp > dims.n_head:
+        raise InfeasiblePlanError(f"tensor group size {tp} x {stages} stage(s) must divide the {len(devices)} devices "
+                                  f"and the group be at most the {dims.n_head} heads")
     sp = speeds(cost, dims)
     link = (lambda a, b: cost.cluster.links[a][b].bandwidth_bps) if cost.cluster.links else (lambda a, b: 1.0)
     groups = tensor_groups(devices, tp, sp, link, grouping)
@@ -280,7 +308,9 @@ def build_plan(cost: CostModel, devices, tp: int, grouping: str, global_batch: i
             raise InfeasiblePlanError(f"even shards need {tp} to divide the {dims.n_head} heads and hidden units")
         heads, hidden = even_split(dims.n_head, tp), even_split(dims.hidden, tp)
     else:
-        heads, hidden = solve_shards(cost, dims, groups, max(1, global_batch // (len(groups) * accum)))
+        heads, hidden = solve_shards(cost, dims, groups, max(1, global_batch // (len(groups) * accum * microbatches)))
+    if stages > 1:
+        return build_pipeline_plan(cost, dims, groups, len(groups) // stages, heads, hidden, global_batch, microbatches)
     local = balance_replicas(cost, dims, groups, heads, hidden, global_batch, accum)
     return TPPlan(devices=tuple(d for grp in groups for d in grp), tp_size=tp, heads=heads, hidden=hidden,
                   local_batch=local, accum_steps=accum)
@@ -307,8 +337,16 @@ class TP(Strategy):
         if len(devices) % tp:
             raise InfeasiblePlanError(f"tensor group size {tp} does not divide the {len(devices)} chosen devices")
         grouping = trial.suggest_categorical(self.param("grouping"), list(GROUPINGS)) if len(devices) > tp else "fast_links"
-        accum = choose_accum(trial, ctx, self.param)
-        return build_plan(ctx.cost, devices, tp, grouping, ctx.global_batch, accum)
+        depths = stage_choices(ctx.cost.n_devices)
+        stages = trial.suggest_categorical(self.param("stages"), list(depths)) if len(depths) > 1 else 1
+        if stages == 1:
+            accum = choose_accum(trial, ctx, self.param)
+            return build_plan(ctx.cost, devices, tp, grouping, ctx.global_batch, accum)
+        if len(devices) % (tp * stages):
+            raise InfeasiblePlanError(f"{stages} stages of {tp}-device tensor groups do not divide the "
+                                      f"{len(devices)} chosen devices")
+        m = trial.suggest_categorical(self.param("microbatches"), list(MICROBATCHES))
+        return build_plan(ctx.cost, devices, tp, grouping, ctx.global_batch, stages=stages, microbatches=m)
 
     def counterparts(self, plan: TPPlan, cost: CostModel) -> list[Plan]:
         """The even-shard plan of the same devices and groups (what DTensor alone would run)."""
@@ -317,6 +355,8 @@ class TP(Strategy):
         dims = _dims(cost)
         if dims.n_head % plan.tp_size or dims.hidden % (plan.tp_size * HIDDEN_GRANULE):
             return []
+        if plan.stages > 1:
+            return [even_counterpart(plan, cost, dims)]
         even = replace(plan, heads=even_split(dims.n_head, plan.tp_size), hidden=even_split(dims.hidden, plan.tp_size))
         groups = even.groups()
         return [replace(even, local_batch=balance_replicas(cost, dims, groups, even.heads, even.hidden,
@@ -329,23 +369,27 @@ class TP(Strategy):
         pair = (0, 1)
         builders = [lambda: build_plan(cost, pair, 2, "fast_links", gb, even=True),
                     lambda: build_plan(cost, pair, 2, "fast_links", gb)]
-        if n >= 4:  # DP x TP: pairs of mixed speeds, and pairs of like devices
+        if n >= 4:  # DP x TP: pairs of mixed speeds, and pairs of like devices; PP x TP: a pair per stage
             builders += [lambda g=g: build_plan(cost, tuple(range(4)), 2, g, gb) for g in ("strided", "fast_links")]
+            builders += [lambda g=g: build_plan(cost, tuple(range(4)), 2, g, gb, stages=2, microbatches=2)
+                         for g in ("fast_links", "strided")]
         plans = self.buildable(cost, builders)
         return [p for i, p in enumerate(plans) if p not in plans[:i]]  # on equal devices, solved = even
 
     def validate(self, plan: TPPlan, cost) -> None:
         super().validate(plan, cost)
         dims = _dims(cost)
-        t = plan.tp_size
-        if t < 2 or len(plan.devices) != t * plan.dp:
-            raise InfeasiblePlanError(f"tp plan: {len(plan.devices)} devices != tp_size({t}) * replicas({plan.dp}); "
-                                      "give tp_size >= 2 ranks per replica")
+        t, P = plan.tp_size, plan.stages
+        if t < 2 or P < 1 or len(plan.devices) != t * P * plan.dp:
+            raise InfeasiblePlanError(f"tp plan: {len(plan.devices)} devices != tp_size({t}) * stages({P}) * "
+                                      f"replicas({plan.dp}); give tp_size >= 2 ranks per stage of each replica")
         if len(plan.heads) != t or sum(plan.heads) != dims.n_head or min(plan.heads) < 1:
             raise InfeasiblePlanError(f"tp plan heads {list(plan.heads)} must be {t} counts >= 1 summing to {dims.n_head}")
         if len(plan.hidden) != t or sum(plan.hidden) != dims.hidden or min(plan.hidden) < 1:
             raise InfeasiblePlanError(f"tp plan hidden {list(plan.hidden)} must be {t} counts >= 1 summing to "
                                       f"{dims.hidden}")
+        if P > 1:
+            validate_pipeline(plan, cost)
         if plan.accum_steps < 1 or min(plan.local_batch) < plan.accum_steps:
             raise InfeasiblePlanError(f"tp plan local batches {list(plan.local_batch)} must each be >= accum_steps "
                                       f"({plan.accum_steps})")
@@ -356,19 +400,26 @@ class TP(Strategy):
     def label(self, plan: TPPlan) -> str:
         shards = "even" if plan.even else f"heads {'/'.join(map(str, plan.heads))} units {'/'.join(map(str, plan.hidden))}"
         s = f"tp{plan.tp_size} {shards}"
+        if plan.stages > 1:
+            bounds = "/".join(map(str, plan.boundaries))
+            s = f"pp{plan.stages} x {s} {plan.schedule} m={plan.microbatches} blocks {bounds}"
         if plan.dp > 1:
             s = f"dp{plan.dp} x {s} batch {'/'.join(map(str, plan.local_batch))}"
         s += f" on dev {','.join(map(str, plan.devices))}"
         return s + (f" accum {plan.accum_steps}" if plan.accum_steps > 1 else "")
 
     def graph(self, plan: TPPlan, cost) -> TaskGraph:
-        return tp_graph(plan, cost)
+        return pipeline_graph(plan, cost, _dims(cost)) if plan.stages > 1 else tp_graph(plan, cost)
 
     def memory(self, plan: TPPlan, cost) -> tuple[MemoryBreakdown, ...]:
-        return tp_memory(plan, cost)
+        return pipeline_memory(plan, cost, _dims(cost)) if plan.stages > 1 else tp_memory(plan, cost)
 
     def executor(self, plan: TPPlan, ctx: WorkerContext):
         # DTensor's import (~1 s a rank) only where a tensor-parallel plan runs.
+        if plan.stages > 1:
+            from ._tp_pipeline_run import TPPipelineExecutor
+
+            return TPPipelineExecutor(plan, ctx)
         from ._tp_run import TPExecutor
 
         return TPExecutor(plan, ctx)
