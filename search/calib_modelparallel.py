@@ -218,8 +218,30 @@ def _calibrate_actions(cluster: Cluster, workload, profiles: ProfileSet, root: P
                   lambda kind, prof: replace(prof, **{field_name: {**getattr(prof, field_name), **fits}}))
 
 
+def _secant_term(step_at, real: float, pred0: float, n_crit: float, signed: bool, rounds: int = 3) -> float:
+    """The per-collective (or per-action) term x with step_at(x) = real: the linear estimate from
+    the critical collectives (actions) at x = 0, then secant steps, since a large term can move the
+    critical path (a pipeline's stages hold different numbers of layers, so the bottleneck stage
+    changes).  An unsigned term below 0 is left as is (it reads as 0, where the step no longer moves)."""
+    x0, y0 = 0.0, pred0
+    x = (real - pred0) / n_crit
+    for _ in range(rounds):
+        if x <= 0 and not signed:
+            break
+        y = step_at(x)
+        if abs(y - real) <= 1e-6 * real or y == y0:
+            break
+        x0, y0, x = x, y, x + (real - y) * (x - x0) / (y - y0)
+    return x
+
+
 TP_FIELDS = {"tp_dtensor_collective_s": True, "tp_collective_s": False}
-"""The tensor-parallel terms and whether their calibration plan runs through DTensor."""
+"""The tensor-parallel terms of whole-cluster groups and whether their calibration plan runs through DTensor."""
+SIGNED_TP_FIELDS = ("tp_pipeline_scale",)
+"""The relative compute change of tensor groups as pipeline stages, which may be negative (the other
+terms are per all-reduce and read as 0 below 0)."""
+PP_TP_MICROBATCHES = 2
+"""Micro-batches of the PP x TP calibration runs (two stages, 1F1B)."""
 
 
 def calibrate_tp(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say, global_batch: int,
@@ -228,7 +250,9 @@ def calibrate_tp(cluster: Cluster, workload, profiles: ProfileSet, root: Path, s
     workloads): over the whole cluster as one group (2, 4 or 8 devices), DTensor's even shards and the
     solved per-rank slices; and, on 4 or 8 devices, each smaller group size: data-parallel replicas
     of its groups (solved slices, each grouping: 'strided' mixes speeds in every group, 'fast_links'
-    groups like devices) and DTensor's even shards on the fastest devices alone.  Each run stores the
+    groups like devices) and DTensor's even shards on the fastest devices alone; and, where the cluster
+    holds two stages of such groups, a PP x TP run of each grouping, whose residual is a relative
+    change of the stages' compute instead (`tp_pipeline_scale`, signed).  Each run stores the
     per-collective residual that makes its simulated step equal the measured one: (measured -
     simulated) / the all-reduces on the critical path (found, like the pipeline term's actions, as how
     much 1 ms more per collective lengthens the simulated step).  A run whose replicas form groups of
@@ -257,6 +281,11 @@ def calibrate_tp(cluster: Cluster, workload, profiles: ProfileSet, root: Path, s
                  for g in sorted(GROUPINGS, reverse=True)]
         runs.append(("tp_dtensor_collective_s",
                      lambda t=t: build_plan(cost0, fastest[:t], t, "fast_links", global_batch, even=True)))
+    for t in (t for t in TP_SIZES if n % (2 * t) == 0):  # tensor groups as 2 pipeline stages (and replicas)
+        runs += [("tp_pipeline_scale",
+                  lambda t=t, g=g: build_plan(cost0, every, t, g, global_batch, stages=2,
+                                              microbatches=PP_TP_MICROBATCHES))
+                 for g in sorted(GROUPINGS, reverse=True)]
     tp = TP()
     for field, make in runs:
         try:
@@ -272,9 +301,10 @@ def calibrate_tp(cluster: Cluster, workload, profiles: ProfileSet, root: Path, s
             continue
         pred0 = tp.predict(plan, cost_with(field, keys, 0.0))[0].step_time_s
         n_crit = (tp.predict(plan, cost_with(field, keys, delta))[0].step_time_s - pred0) / delta
-        if n_crit <= 0:  # no all-reduce on the critical path: nothing a run could attribute to them
+        if n_crit <= 0:  # no all-reduce (action) on the critical path: nothing a run could attribute to them
             continue
-        where = (f"{plan.tp_size} devices as one tensor group" if plan.dp == 1
+        where = (f"{plan.stages} pipeline stages of {plan.tp_size}-device tensor groups" if plan.stages > 1
+                 else f"{plan.tp_size} devices as one tensor group" if plan.dp == 1
                  else f"{plan.dp} replicas of {plan.tp_size}-device tensor groups")
         say(f"calibrating tensor parallelism: a real {tp.label(plan)} step on {where}")
         m, real = robust_step_s(plan, cluster=cluster, workload=workload, ref_probe_s=profile_ref(profiles.models.values()),
@@ -283,9 +313,16 @@ def calibrate_tp(cluster: Cluster, workload, profiles: ProfileSet, root: Path, s
         if failed:
             say(f"tensor-parallel calibration run failed ({m.status}); its all-reduces carry no calibrated overhead")
         else:
-            per = (real - pred0) / n_crit
-            say(f"  measured {real:.3f} s, simulated {pred0:.3f} s over {n_crit:.0f} critical all-reduces: "
-                f"{per * 1e3:+.2f} ms each")
+            def step_at(x: float, plan=plan, field=field, keys=keys) -> float:
+                return tp.predict(plan, cost_with(field, keys, x))[0].step_time_s
+
+            per = _secant_term(step_at, real, pred0, n_crit, signed=field in SIGNED_TP_FIELDS)
+            if field in SIGNED_TP_FIELDS:
+                say(f"  measured {real:.3f} s, simulated {pred0:.3f} s over {n_crit:.3f} s of critical compute: "
+                    f"{per * 100:+.1f} %")
+            else:
+                say(f"  measured {real:.3f} s, simulated {pred0:.3f} s over {n_crit:.0f} critical all-reduces: "
+                    f"{per * 1e3:+.2f} ms each")
         models = {}
         for kind, prof in profiles.models.items():
             if failed:

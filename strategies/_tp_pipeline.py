@@ -79,17 +79,19 @@ class _Shards:
 
     def block_s(self, group: tuple[int, ...], k: int, m: int) -> float:
         """Forward + backward of block k on the group in lockstep (a layer: the slowest position of
-        each of its four segments and four all-reduces; any other block whole on every rank)."""
+        each of its four segments and four all-reduces; any other block whole on every rank), its
+        compute scaled by the group's calibrated `tp_pipeline_scale`."""
         from .tp import segment_s
 
         cost, dims = self.cost, self.dims
+        scale = 1.0 + cost.tp_pipeline_scale(group)
         if k not in dims.layer_blocks:
-            return max(cost.fwd_s(d, k, k + 1, m) + cost.bwd_s(d, k, k + 1, m) for d in group)
-        total = 4 * self.allreduce_s(group, m)
+            return scale * max(cost.fwd_s(d, k, k + 1, m) + cost.bwd_s(d, k, k + 1, m) for d in group)
+        total = 0.0
         for fwd in (True, False):
             for attn, fr in ((True, self.fa), (False, self.fb)):
                 total += max(segment_s(cost, dims, d, k, m, fwd, attn, fr[p]) for p, d in enumerate(group))
-        return total
+        return scale * total + 4 * self.allreduce_s(group, m)
 
 
 def add_blocks(g: TaskGraph, sh: _Shards, group: tuple[int, ...], comm: str, blocks, m: int, forward: bool,
@@ -97,15 +99,18 @@ def add_blocks(g: TaskGraph, sh: _Shards, group: tuple[int, ...], comm: str, blo
     """The tasks of one pipeline action on a tensor group: blocks in order (forward) or reversed
     (backward), a layer as two segments per position each followed by an all-reduce on `comm`;
     `deps[p]` gate position p's first task, which also carries `extra` (the stage's per-action
-    overhead).  Returns each position's last task."""
+    overhead); compute takes the group's calibrated `tp_pipeline_scale`.  Returns each position's
+    last task."""
     from .tp import segment_s
 
     cost, dims = sh.cost, sh.dims
     kind = TaskKind.FORWARD if forward else TaskKind.BACKWARD
     cur = [list(d) for d in deps]
     first = [True] * len(group)
+    scale = 1.0 + cost.tp_pipeline_scale(group)
 
     def add(p: int, dur: float, lbl: str) -> int:
+        dur *= scale
         if first[p]:
             dur, first[p] = dur + extra, False
         return g.add(Resource.device(group[p]), kind, dur, cur[p], label=lbl)

@@ -329,6 +329,16 @@ class CostModel:
         for DTensor's even shards or per-rank slices (`hetsim.search.calib_modelparallel.calibrate_tp`)."""
         return self._group_term("tp_dtensor_collective_s" if dtensor else "tp_collective_s", group)
 
+    def tp_pipeline_scale(self, group: tuple[int, ...]) -> float:
+        """Calibrated relative change, signed, of the compute of a pipeline stage that is this tensor
+        group (`ModelProfile.tp_pipeline_scale`; 0 where no PP x TP run calibrated it; at least -0.9)."""
+        def term() -> float:
+            key = group_key([self.device(d) for d in group])
+            vals = [m.tp_pipeline_scale[key] for m in self.profiles.models.values() if key in m.tp_pipeline_scale]
+            return max(-0.9, max(vals)) if vals else 0.0
+
+        return self.memo(("tp_pipeline_scale", tuple(group)), term)
+
     def _group_term(self, field: str, group: tuple[int, ...], min_devices: int = 2) -> float:
         """A calibrated per-group term of the model profiles (0 for fewer than `min_devices` or an
         uncalibrated group); memoised, since the closed forms ask for it on every evaluation."""

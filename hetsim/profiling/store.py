@@ -161,6 +161,13 @@ class ModelProfile:
     """The same for even shards run through DTensor (`parallelize_module`): DTensor's dispatch of
     every sharded operator as well (on gpt@tiny@64, 2 CPU ranks: its even plan stepped 0.60 s where
     the per-collective model said 0.43)."""
+    tp_pipeline_scale: dict[str, float] = field(default_factory=dict)
+    """By tensor group (`group_key`): the relative change of the compute of a pipeline stage that is
+    this tensor group (PP x TP plans; its segments and other blocks take (1 + term) x their time),
+    from a real PP x TP run.  May be negative: with more ranks than cores,
+    the host-speed probe assumes every rank contends for a core, while the stages of a pipeline take
+    turns (gpt@tiny@64 on `emu:1.0@2G,1.0@2G,0.5@1G,0.5@1G`, no such term: PP x TP plans simulated
+    0.128 and 0.156 s a step, measured 0.104 and 0.118 at the profiles' host speed)."""
 
     probe_s: float = 0.0
     """CPU profiles: the host-speed probe's median time while this profile was recorded

@@ -144,6 +144,39 @@ def test_tensor_parallel_calibration_covers_the_groups_of_replicated_plans(make_
     assert not ran
 
 
+def test_pipelines_of_tensor_groups_get_a_term_of_their_own(make_gpt_cost, gpt_profile, tmp_path, monkeypatch):
+    """On four devices a PP x TP run of each grouping calibrates a signed relative compute change of
+    its stages' groups, apart from the DP x TP runs' all-reduce terms: each PP x TP plan then steps
+    as its run measured (faster than simulated here: the term is negative), a DP x TP plan as its
+    own run did."""
+    from hetsim.strategies.tp import TP, build_plan
+
+    from hetsim.model.costmodel import CostModel
+
+    wl = gpt_profile[0]
+    cost = make_gpt_cost("emu:1.0@4G,1.0@4G,0.5@4G,0.5@4G")
+    tp = TP()
+    ran = []
+    extra = {1: 0.01, 2: -0.03}  # by stages: DP x TP slower than simulated, PP x TP faster
+
+    def fake_measure(plan, **k):
+        ran.append(plan)
+        return Measurement(status="ok", step_time_s=tp.predict(plan, cost)[0].step_time_s + extra[plan.stages])
+
+    monkeypatch.setattr(realruns, "measure", fake_measure)
+    profiles = calib_modelparallel.calibrate_tp(cost.cluster, wl, cost.profiles, tmp_path, lambda m: None, 32)
+    staged = {p for p in ran if p.stages == 2}
+    assert len(staged) == 2  # fast_links and strided (each run --repeats times)
+    after = CostModel(cost.cluster, profiles, wl.optimizer)
+    for plan in staged:
+        assert tp.predict(plan, after)[0].step_time_s == pytest.approx(tp.predict(plan, cost)[0].step_time_s - 0.03,
+                                                                       rel=1e-4)
+    assert after.tp_pipeline_scale((0, 2)) < 0 < after.tp_collective_s((0, 2), False)
+    strided = build_plan(cost, (0, 1, 2, 3), 2, "strided", 32)
+    assert tp.predict(strided, after)[0].step_time_s == pytest.approx(tp.predict(strided, cost)[0].step_time_s + 0.01,
+                                                                      rel=1e-6)
+
+
 @pytest.mark.parametrize("cluster, strategies, terms", [
     ("emu:1.0@4G,0.5@4G", ("ddp",), ["sync"]),
     ("emu:1.0@4G,0.5@4G", ("zero",), ["sync", "sharded", "zero2", "zero1", "offload_single"]),
