@@ -120,6 +120,35 @@ def run_suite(plans, cost, cluster, workload, ref_probe_s: float) -> list[dict]:
     return [_record(plan, pred, r, ref_probe_s) for plan, pred, r in zip(plans, preds, runs)]
 
 
+def accuracy_by(records: list[dict], group_of) -> dict:
+    """The accuracy of each group of a suite's records (`group_of(record)`: its family, its shape)."""
+    out = {}
+    ok = [r for r in records if r["status"] == "ok"]
+    for name in sorted({group_of(r) for r in ok}):  # a group may hold one plan: no tau, no regret
+        mine = [r for r in ok if group_of(r) == name]
+        steps = [(r["pred_step_time_s"], r["meas_step_time_s"]) for r in mine]
+        mems = [(p, m) for r in mine for p, m in zip(r["pred_peak_mem_bytes"], r["meas_peak_mem_bytes"])]
+        out[name] = {"n_plans": len(mine), "step_time_mape": golden.mape(steps),
+                     "step_time_max_err": max(abs(golden.rel_err(p, m)) for p, m in steps),
+                     "peak_mem_mape": golden.mape(mems)}
+    return out
+
+
+def save_suite(name: str, records: list[dict], acc, t0: float, **fields) -> dict:
+    """Write a suite's figures and records to LOCAL/name (with the host's load and the wall time),
+    then fail on any plan that did not run."""
+    result = {**fields, "n_plans": acc.n_plans, "step_time_mape": acc.step_time_mape,
+              "step_time_max_err": acc.step_time_max_err, "peak_mem_mape": acc.peak_mem_mape,
+              "kendall_tau": acc.kendall_tau, "steps": STEPS, "passes": PASSES,
+              "load_avg_at_end": list(os.getloadavg()), "wall_s": time.perf_counter() - t0,
+              "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "plans": records}
+    LOCAL.mkdir(parents=True, exist_ok=True)
+    (LOCAL / name).write_text(json.dumps(result, indent=1) + "\n")
+    failed = [f"{r['label']}: {r['status']}" for r in records if r["status"] != "ok"]
+    assert not failed, failed
+    return result
+
+
 def _guarded(fn, *args):
     """Run `fn` and hand back (result, exception): an exception raised inside benchmark.pedantic
     leaves pytest-benchmark without data, and its autosave then crashes over the real error."""

@@ -8,16 +8,13 @@ suite's; its profiles are recorded under results/local/bench/profiles/, like the
 
 from __future__ import annotations
 
-import json
-import os
 import time
-from datetime import datetime, timezone
 
 import pytest
 from bench_config import GLOBAL_BATCH, LOCAL, PRECISIONS
 from fidelity_suite import suite_plans
 from hetsim.search import golden
-from test_fidelity import FIDELITY_TIMEOUT_S, PASSES, STEPS, run_suite
+from test_fidelity import FIDELITY_TIMEOUT_S, accuracy_by, run_suite, save_suite
 
 from hetsim.profiling.hostspeed import profile_ref
 
@@ -43,15 +40,6 @@ def gpt_setup(cluster):
     return wl, profiles, cost, SearchContext(cost=cost, global_batch=GLOBAL_BATCH, precisions=PRECISIONS)
 
 
-def per_family(records: list[dict]) -> dict:
-    out = {}
-    for name in sorted({r["strategy"] for r in records}):
-        acc = golden.accuracy_of([r for r in records if r["strategy"] == name])
-        out[name] = {"n_plans": acc.n_plans, "step_time_mape": acc.step_time_mape,
-                     "step_time_max_err": acc.step_time_max_err, "peak_mem_mape": acc.peak_mem_mape}
-    return out
-
-
 @pytest.mark.timeout(FIDELITY_TIMEOUT_S)
 def test_fidelity_gpt(cluster, gpt_setup):
     wl, profiles, cost, ctx = gpt_setup
@@ -60,15 +48,8 @@ def test_fidelity_gpt(cluster, gpt_setup):
     t0 = time.perf_counter()
     records = run_suite(plans, cost, cluster, wl, profile_ref(profiles.models.values()))
     acc = golden.accuracy_of(records)
-    result = {"model": wl.spec, "tokens_per_sample": wl.tokens_per_sample, "cluster": cluster.spec,
-              "global_batch": GLOBAL_BATCH, "steps": STEPS, "passes": PASSES, "n_plans": acc.n_plans,
-              "step_time_mape": acc.step_time_mape, "step_time_max_err": acc.step_time_max_err,
-              "peak_mem_mape": acc.peak_mem_mape, "kendall_tau": acc.kendall_tau, "per_family": per_family(records),
-              "load_avg_at_end": list(os.getloadavg()), "wall_s": time.perf_counter() - t0,
-              "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "plans": records}
-    LOCAL.mkdir(parents=True, exist_ok=True)
-    (LOCAL / "fidelity_gpt.json").write_text(json.dumps(result, indent=1) + "\n")
-    failed = [f"{r['label']}: {r['status']}" for r in records if r["status"] != "ok"]
-    assert not failed, failed
+    save_suite("fidelity_gpt.json", records, acc, t0, model=wl.spec, tokens_per_sample=wl.tokens_per_sample,
+               cluster=cluster.spec, global_batch=GLOBAL_BATCH,
+               per_family=accuracy_by(records, lambda r: r["strategy"]))
     bad = acc.violations()
     assert not bad, f"gpt fidelity bounds broken over {acc.n_plans} plans: {'; '.join(bad)}"
