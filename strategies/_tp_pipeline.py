@@ -55,16 +55,14 @@ def stage_groups(plan: TPPlan) -> list[list[tuple[int, ...]]]:
     return [[plan.devices[(i * P + s) * t:(i * P + s + 1) * t] for s in range(P)] for i in range(plan.dp)]
 
 
-def _layers_in(dims: TransformerDims, lo: int, hi: int) -> int:
-    return sum(1 for k in dims.layer_blocks if lo <= k < hi)
-
-
-def stage_params(cost: CostModel, dims: TransformerDims, heads: int, hidden: int, lo: int, hi: int) -> int:
-    """Parameters a rank holding `heads` heads and `hidden` units of every layer keeps of blocks lo..hi."""
+def stage_params(cost: CostModel, dims: TransformerDims, heads: int, hidden: int, lo: int, hi: int | None) -> int:
+    """Parameters a rank holding `heads` heads and `hidden` units of every layer keeps of blocks
+    lo..hi (hi None: the whole model, counted once where weights are tied)."""
     d, u = dims.d_model, dims.hidden
     attn = (3 * d * d + 3 * d + d * d) * (1 - heads / dims.n_head)
     mlp = (2 * d * u + u) * (1 - hidden / u)
-    return int(cost.param_count(lo, hi) - _layers_in(dims, lo, hi) * (attn + mlp))
+    layers = sum(1 for k in dims.layer_blocks if lo <= k and (hi is None or k < hi))
+    return int(cost.param_count(lo, hi) - layers * (attn + mlp))
 
 
 class _Shards:

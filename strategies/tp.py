@@ -33,6 +33,7 @@ from ._tp_pipeline import (
     even_counterpart,
     pipeline_graph,
     pipeline_memory,
+    stage_params,
     validate_pipeline,
 )
 from ._tp_shards import (
@@ -144,10 +145,7 @@ def segment_s(cost: CostModel, dims: TransformerDims, d: int, k: int, mb: float,
 
 def position_params(cost: CostModel, dims: TransformerDims, heads: int, hidden: int) -> int:
     """Parameters a rank holds with `heads` heads and `hidden` units of every layer."""
-    d, u = dims.d_model, dims.hidden
-    attn = (3 * d * d + 3 * d + d * d) * (1 - heads / dims.n_head)
-    mlp = (2 * d * u + u) * (1 - hidden / u)
-    return int(cost.param_count() - dims.n_layer * (attn + mlp))
+    return stage_params(cost, dims, heads, hidden, 0, None)
 
 
 def _replicated(cost: CostModel, dims: TransformerDims) -> tuple[range, range]:
