@@ -16,6 +16,7 @@ from hetsim.model.memory import (
     optimizer_step_temp_bytes,
     split_grad_bytes,
     temporaries_bytes,
+    temps_without_loss,
 )
 from hetsim.types import MemoryBreakdown
 
@@ -102,7 +103,7 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
     # samples, measured 50.2 MiB of activations on the head's rank where keeping them to the weight
     # backward predicted 66.1.
     last = next((s for s in stages if boundaries[s + 1] == boundaries[-1]), None)
-    stage_temps = {s: max(0.0, temps - loss_temporaries_bytes(cost, micro)) for s in stages}
+    stage_temps = {s: temps_without_loss(cost, micro, temps) for s in stages}
     loss_kept = {s: 0.0 for s in stages}
     if last is not None:
         loss_kept[last] = loss_temporaries_bytes(cost, micro, LOSS_KEPT_COPIES)

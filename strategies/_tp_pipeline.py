@@ -210,7 +210,7 @@ def pipeline_graph(plan: TPPlan, cost: CostModel, dims: TransformerDims) -> Task
 def pipeline_memory(plan: TPPlan, cost: CostModel, dims: TransformerDims) -> tuple[MemoryBreakdown, ...]:
     """Per rank: the pipeline rank's memory model of its stage, with the parameter state scaled to
     the rank's own shards and the layers' sharded activations to its share (as `tp_memory`)."""
-    from .tp import REPLICATED_ACT_SHARE
+    from .tp import sharded_act_factor
 
     P, m, b = plan.stages, plan.microbatches, plan.boundaries
     base = replicas_memory(cost, plan.schedule, P, b, m, [x // m for x in plan.local_batch], "fp32", 0)
@@ -221,12 +221,8 @@ def pipeline_memory(plan: TPPlan, cost: CostModel, dims: TransformerDims) -> tup
         lo, hi = b[s], b[s + 1]
         mem = base[k]
         share = stage_params(cost, dims, plan.heads[p], plan.hidden[p], lo, hi) / max(1, cost.param_count(lo, hi))
-        frac = (dims.attn_share * plan.heads[p] / dims.n_head
-                + (1 - dims.attn_share) * plan.hidden[p] / dims.hidden)
         micro = plan.local_batch[k // P] // m
-        total_act = cost.act_bytes(lo, hi, micro) or 1
-        layers = sum(cost.act_bytes(q, q + 1, micro) for q in dims.layer_blocks if lo <= q < hi) / total_act
-        act = 1.0 - min(1.0, layers) * (1 - REPLICATED_ACT_SHARE) * (1 - frac)
+        act = sharded_act_factor(cost, dims, plan.heads[p], plan.hidden[p], lo, hi, micro)
         # The stage with the head computes the loss in full on every rank (the head is replicated):
         # the loss's saved tensors and its temporaries are not shards.  pp2 x tp2 on gpt@tiny@64, 16
         # samples a micro-batch: that stage measured 44.6 MiB a rank where scaling them predicted 33.8.

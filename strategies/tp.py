@@ -213,6 +213,17 @@ def _data_parallel_sync(g: TaskGraph, plan: TPPlan, cost: CostModel, dims: Trans
             g.add(f"dev{d}", "opt", cost.opt_s(d, count), comm, label="opt")
 
 
+def sharded_act_factor(cost: CostModel, dims: TransformerDims, heads: int, hidden: int, lo: int, hi: int,
+                       mb: int) -> float:
+    """The share of blocks lo..hi's saved activations a rank keeps with `heads` heads and `hidden`
+    units of every layer: the layers' share of those activations is cut to the rank's fraction,
+    except REPLICATED_ACT_SHARE of it that every rank keeps in full."""
+    frac = dims.attn_share * heads / dims.n_head + (1 - dims.attn_share) * hidden / dims.hidden
+    total = cost.act_bytes(lo, hi, mb) or 1
+    layers = sum(cost.act_bytes(k, k + 1, mb) for k in dims.layer_blocks if lo <= k < hi) / total
+    return 1.0 - min(1.0, layers) * (1 - REPLICATED_ACT_SHARE) * (1 - frac)
+
+
 def tp_memory(plan: TPPlan, cost: CostModel) -> tuple[MemoryBreakdown, ...]:
     """Per rank: the data-parallel model of the whole model, with its parameter state scaled to the
     rank's own parameters and the layers' sharded activations to its share."""
@@ -225,10 +236,7 @@ def tp_memory(plan: TPPlan, cost: CostModel) -> tuple[MemoryBreakdown, ...]:
         mb = -(-plan.local_batch[gi] // plan.accum_steps)
         base = data_parallel_memory(cost, d, mb, "fp32", 0)
         share = position_params(cost, dims, plan.heads[p], plan.hidden[p]) / full
-        frac = dims.attn_share * plan.heads[p] / dims.n_head + (1 - dims.attn_share) * plan.hidden[p] / dims.hidden
-        total_act = cost.act_bytes(0, n, mb) or 1
-        layers = sum(cost.act_bytes(k, k + 1, mb) for k in dims.layer_blocks) / total_act
-        act = 1.0 - layers * (1 - REPLICATED_ACT_SHARE) * (1 - frac)
+        act = sharded_act_factor(cost, dims, plan.heads[p], plan.hidden[p], 0, n, mb)
         out.append(MemoryBreakdown(params_bytes=int(base.params_bytes * share), grads_bytes=int(base.grads_bytes * share),
                                    optim_bytes=int(base.optim_bytes * share),
                                    activations_bytes=int(base.activations_bytes * act),

@@ -332,23 +332,19 @@ class CostModel:
     def tp_pipeline_scale(self, group: tuple[int, ...]) -> float:
         """Calibrated relative change, signed, of the compute of a pipeline stage that is this tensor
         group (`ModelProfile.tp_pipeline_scale`; 0 where no PP x TP run calibrated it; at least -0.9)."""
-        def term() -> float:
-            key = group_key([self.device(d) for d in group])
-            vals = [m.tp_pipeline_scale[key] for m in self.profiles.models.values() if key in m.tp_pipeline_scale]
-            return max(-0.9, max(vals)) if vals else 0.0
+        return self._group_term("tp_pipeline_scale", group, floor=-0.9)
 
-        return self.memo(("tp_pipeline_scale", tuple(group)), term)
-
-    def _group_term(self, field: str, group: tuple[int, ...], min_devices: int = 2) -> float:
-        """A calibrated per-group term of the model profiles (0 for fewer than `min_devices` or an
-        uncalibrated group); memoised, since the closed forms ask for it on every evaluation."""
+    def _group_term(self, field: str, group: tuple[int, ...], min_devices: int = 2, floor: float = 0.0) -> float:
+        """A calibrated per-group term of the model profiles, at least `floor` (0 for fewer than
+        `min_devices` or an uncalibrated group); memoised, since the closed forms ask for it on every
+        evaluation."""
         if len(group) < min_devices:
             return 0.0
 
         def term() -> float:
             key = group_key([self.device(d) for d in group])
             vals = [getattr(m, field)[key] for m in self.profiles.models.values() if key in getattr(m, field)]
-            return max(0.0, max(vals)) if vals else 0.0
+            return max(floor, max(vals)) if vals else 0.0
 
         return self.memo(("group_term", field, tuple(group)), term)
 

@@ -376,6 +376,12 @@ def _data_parallel_memory(cost: CostModel, micro: int, precision: str, ckpt: int
     )
 
 
+def temps_without_loss(cost: CostModel, micro: float, whole: float) -> float:
+    """A step's calibrated temporaries `whole` less the loss's (`loss_temporaries_bytes`): what a
+    backward that does not run the loss holds (a block before the last; a pipeline stage without it)."""
+    return max(0.0, whole - loss_temporaries_bytes(cost, micro))
+
+
 def _backward_temps(cost: CostModel, micro: int, whole: float, k: int, n: int) -> float:
     """The temporaries of block k's backward out of a whole step's calibrated `whole`: all of them
     in the last block's, where the loss's backward runs; in an earlier block's, none of the loss's
@@ -383,7 +389,7 @@ def _backward_temps(cost: CostModel, micro: int, whole: float, k: int, n: int) -
     checkpointing moves the activation peak off the last block: bert@tiny@64, zero3 offload 32 bf16
     with every block checkpointed, measured 61.4 MB where the loss's temporaries in every block's
     backward predicted 73.0 (activations 27.8 vs 13.1, temporaries 33.6 vs 59.9)."""
-    return whole if k == n - 1 else max(0.0, whole - loss_temporaries_bytes(cost, micro))
+    return whole if k == n - 1 else temps_without_loss(cost, micro, whole)
 
 
 def _ddp_phases(cost: CostModel, acts: _BlockActs, micro: int, precision: str) -> list[_Phase]:
