@@ -235,8 +235,9 @@ def _secant_term(step_at, real: float, pred0: float, n_crit: float, signed: bool
     return x
 
 
-TP_FIELDS = {"tp_dtensor_collective_s": True, "tp_collective_s": False}
-"""The tensor-parallel terms of whole-cluster groups and whether their calibration plan runs through DTensor."""
+TP_FIELDS = {"tp_dtensor_collective_s": "dtensor", "tp_sp_collective_s": "sp", "tp_collective_s": "slices",
+             "tp_pipeline_scale": "slices"}
+"""Each tensor-parallel term and the realisation (`TPPlan.realisation`) of the runs that calibrate it."""
 SIGNED_TP_FIELDS = ("tp_pipeline_scale",)
 """The relative compute change of tensor groups as pipeline stages, which may be negative (the other
 terms are per all-reduce and read as 0 below 0)."""
@@ -247,15 +248,17 @@ PP_TP_MICROBATCHES = 2
 def calibrate_tp(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say, global_batch: int,
                  delta: float = 1e-3, repeats: int = REPEATS) -> ProfileSet:
     """Short real tensor-parallel steps, one per kind of tensor group the search can form (transformer
-    workloads): over the whole cluster as one group (2, 4 or 8 devices), DTensor's even shards and the
-    solved per-rank slices; and, on 4 or 8 devices, each smaller group size: data-parallel replicas
-    of its groups (solved slices, each grouping: 'strided' mixes speeds in every group, 'fast_links'
-    groups like devices) and DTensor's even shards on the fastest devices alone; and, where the cluster
+    workloads): over the whole cluster as one group (2, 4 or 8 devices), DTensor's even shards with
+    and without sequence parallelism, and the solved per-rank slices; and, on 4 or 8 devices, each
+    smaller group size: data-parallel replicas of its groups (solved slices, each grouping: 'strided'
+    mixes speeds in every group, 'fast_links' groups like devices) and DTensor's even shards (with and
+    without sequence parallelism) on the fastest devices alone; and, where the cluster
     holds two stages of such groups, a PP x TP run of each grouping, whose residual is a relative
     change of the stages' compute instead (`tp_pipeline_scale`, signed).  Each run stores the
-    per-collective residual that makes its simulated step equal the measured one: (measured -
-    simulated) / the all-reduces on the critical path (found, like the pipeline term's actions, as how
-    much 1 ms more per collective lengthens the simulated step).  A run whose replicas form groups of
+    per-collective residual, per MiB of the collective's activation, that makes its simulated step
+    equal the measured one: (measured - simulated) / the MiB of collectives on the critical path
+    (found, like the pipeline term's actions, as how much 1 ms more per MiB lengthens the simulated
+    step; secant steps where the critical path moves).  A run whose replicas form groups of
     different kinds gives all of its not yet calibrated groups the one term it measured.  On equal devices the solved shards are the even ones (DTensor's), so the
     slices term of the whole cluster stays uncalibrated (0)."""
     from hetsim.strategies.tp import GROUPINGS, TP, TP_SIZES, build_plan, tp_dims
@@ -273,14 +276,20 @@ def calibrate_tp(cluster: Cluster, workload, profiles: ProfileSet, root: Path, s
     if n < 2 or tp_dims(cost0) is None:
         return profiles
     every = tuple(range(n))
-    runs = [(field, lambda dt=dtensor: build_plan(cost0, every, n, "fast_links", global_batch, even=dt))
-            for field, dtensor in TP_FIELDS.items()] if n in TP_SIZES else []
+
+    def whole(field: str, group=every, t: int = n):
+        """The calibration plan of `field` on `group` as one tensor group of t devices."""
+        real = TP_FIELDS[field]
+        return lambda: build_plan(cost0, group, t, "fast_links", global_batch, even=real != "slices",
+                                  sequence_parallel=real == "sp")
+
+    one_group = ("tp_dtensor_collective_s", "tp_sp_collective_s", "tp_collective_s")
+    runs = [(field, whole(field)) for field in one_group] if n in TP_SIZES else []
     fastest = tuple(sorted(every, key=lambda d: (-cluster.devices[d].speed, d)))
     for t in (t for t in TP_SIZES if t < n and n % t == 0):
         runs += [("tp_collective_s", lambda t=t, g=g: build_plan(cost0, every, t, g, global_batch))
                  for g in sorted(GROUPINGS, reverse=True)]
-        runs.append(("tp_dtensor_collective_s",
-                     lambda t=t: build_plan(cost0, fastest[:t], t, "fast_links", global_batch, even=True)))
+        runs += [(field, whole(field, fastest[:t], t)) for field in one_group[:2]]
     for t in (t for t in TP_SIZES if n % (2 * t) == 0):  # tensor groups as 2 pipeline stages (and replicas)
         runs += [("tp_pipeline_scale",
                   lambda t=t, g=g: build_plan(cost0, every, t, g, global_batch, stages=2,
@@ -292,7 +301,7 @@ def calibrate_tp(cluster: Cluster, workload, profiles: ProfileSet, root: Path, s
             plan = make()
         except InfeasiblePlanError:
             continue
-        if plan.dtensor != (field == "tp_dtensor_collective_s"):
+        if plan.realisation != TP_FIELDS[field]:
             continue
         keys = sorted({group_key([cluster.devices[d] for d in grp]) for grp in plan.groups()})
         keys = [k for k in keys if not any(k in getattr(m, field) or f"{field}:{k}" in m.calib_failed
@@ -321,8 +330,8 @@ def calibrate_tp(cluster: Cluster, workload, profiles: ProfileSet, root: Path, s
                 say(f"  measured {real:.3f} s, simulated {pred0:.3f} s over {n_crit:.3f} s of critical compute: "
                     f"{per * 100:+.1f} %")
             else:
-                say(f"  measured {real:.3f} s, simulated {pred0:.3f} s over {n_crit:.0f} critical all-reduces: "
-                    f"{per * 1e3:+.2f} ms each")
+                say(f"  measured {real:.3f} s, simulated {pred0:.3f} s over {n_crit:.1f} MiB of critical "
+                    f"collectives: {per * 1e3:+.2f} ms per MiB")
         models = {}
         for kind, prof in profiles.models.items():
             if failed:

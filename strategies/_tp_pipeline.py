@@ -74,7 +74,9 @@ class _Shards:
         self.fb = [u / dims.hidden for u in hidden]
 
     def allreduce_s(self, group: tuple[int, ...], m: int) -> float:
-        return self.cost.allreduce_s(self.dims.activation_bytes(m), group) + self.cost.tp_collective_s(group, False)
+        from .tp import layer_collective_s
+
+        return layer_collective_s(self.cost, self.dims, group, m, "slices")
 
     def block_s(self, group: tuple[int, ...], k: int, m: int) -> float:
         """Forward + backward of block k on the group in lockstep (a layer: the slowest position of

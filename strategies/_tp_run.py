@@ -36,7 +36,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
 
@@ -149,8 +157,16 @@ def shard_locally(model: nn.Module, dims: TransformerDims, heads, hidden, positi
     return index
 
 
-def shard_with_dtensor(model: nn.Module, dims: TransformerDims, mesh, clock: SyncClock) -> list[int]:
-    """Even shards through parallelize_module; returns the qkv row order it applied (to undo in grads)."""
+def shard_with_dtensor(model: nn.Module, dims: TransformerDims, mesh, clock: SyncClock,
+                       sequence_parallel: bool = False) -> list[int]:
+    """Even shards through parallelize_module; returns the qkv row order it applied (to undo in grads).
+
+    With `sequence_parallel`, Megatron's sequence parallelism as torch composes it: between the
+    tensor-parallel regions every layer's activations are split along the sequence (`Shard(1)`), the
+    norms run on their own tokens (`SequenceParallel`), each region's input is all-gathered
+    (`PrepareModuleInput` Shard(1) -> Replicate) and its output reduce-scattered
+    (`RowwiseParallel(output_layouts=Shard(1))`); the first layer's input is split and the last
+    layer's output gathered again for the replicated head."""
     tp = mesh.size()
     heads = even_split(dims.n_head, tp)
     perm = [r for j in range(tp) for r in qkv_rows(dims, heads, j)]
@@ -160,6 +176,9 @@ def shard_with_dtensor(model: nn.Module, dims: TransformerDims, mesh, clock: Syn
         with torch.no_grad():
             block.attn.qkv.weight.copy_(block.attn.qkv.weight[perm])
             block.attn.qkv.bias.copy_(block.attn.qkv.bias[perm])
+        if sequence_parallel:
+            _sequence_parallel_layer(block, mesh, clock)
+            continue
         # Hooks registered before parallelize_module run before its own (the output all-reduce,
         # the input conversion); those registered after, after them.
         for row in (block.attn.proj, block.mlp.proj):
@@ -172,7 +191,52 @@ def shard_with_dtensor(model: nn.Module, dims: TransformerDims, mesh, clock: Syn
             row.register_forward_hook(lambda m, a, o: clock.after_collective())
         for col in (block.attn.qkv, block.mlp.fc):
             col.register_forward_pre_hook(_before_input_grad_reduce(clock))
+    if sequence_parallel:
+        first, last = (getattr(model, names[k]) for k in (dims.layer_blocks[0], dims.layer_blocks[-1]))
+        parallelize_module(first, mesh, PrepareModuleInput(input_layouts=(Replicate(),),
+                                                           desired_input_layouts=(Shard(1),), use_local_output=True))
+        last.register_forward_hook(lambda m, a, o: clock.before_collective())
+        parallelize_module(last, mesh, PrepareModuleOutput(output_layouts=(Shard(1),),
+                                                           desired_output_layouts=(Replicate(),), use_local_output=True))
+        last.register_forward_hook(lambda m, a, o: clock.after_collective())
     return perm
+
+
+def _sequence_parallel_layer(block: nn.Module, mesh, clock: SyncClock) -> None:
+    """One layer under sequence parallelism, with the clock's marks around its eight collectives:
+    forward, the all-gather at each region's input and the reduce-scatter at its output; backward,
+    the all-gather of the output's gradient and the reduce-scatter of the input's."""
+    regions = (block.attn, block.mlp)
+    rows = (block.attn.proj, block.mlp.proj)
+    for region in regions:  # before the conversion: forward all-gather; backward, after the reduce-scatter
+        region.register_forward_pre_hook(lambda m, a: clock.before_collective())
+        region.register_forward_pre_hook(_after_input_grad_reduce(clock))
+    for row in rows:  # before the reduce-scatter: forward mark; backward, after the gradient's all-gather
+        row.register_forward_hook(lambda m, a, o: clock.before_collective())
+        row.register_forward_hook(_on_output_grad(clock.after_collective))
+    parallelize_module(block, mesh, {
+        "ln1": SequenceParallel(),
+        "attn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "attn.qkv": ColwiseParallel(),
+        "attn.proj": RowwiseParallel(output_layouts=Shard(1)),
+        "ln2": SequenceParallel(),
+        "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "mlp.fc": ColwiseParallel(),
+        "mlp.proj": RowwiseParallel(output_layouts=Shard(1)),
+    })
+    for region in regions:
+        region.register_forward_pre_hook(lambda m, a: clock.after_collective())
+        region.register_forward_pre_hook(_before_input_grad_reduce(clock))
+    for row in rows:
+        row.register_forward_hook(lambda m, a, o: clock.after_collective())
+        row.register_forward_hook(_on_output_grad(clock.before_collective))
+
+
+def _on_output_grad(mark):
+    def hook(mod, args, out):
+        if out.requires_grad:
+            out.register_hook(lambda g: mark())
+    return hook
 
 
 def _after_input_grad_reduce(clock: SyncClock):
@@ -234,7 +298,7 @@ class TPExecutor:
         self.index: ShardIndex = {}
         self.perm: list[int] | None = None
         if plan.dtensor:
-            self.perm = shard_with_dtensor(self.model, dims, mesh["tp"], self.clock)
+            self.perm = shard_with_dtensor(self.model, dims, mesh["tp"], self.clock, plan.sequence_parallel)
         else:
             self.index = shard_locally(self.model, dims, plan.heads, plan.hidden, position, self.tp_group, self.clock)
         self.ddp = None

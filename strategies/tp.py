@@ -60,6 +60,13 @@ MICROBATCHES = (2, 4, 8)
 REPLICATED_ACT_SHARE = 0.3
 """Share of a layer's saved activations that every rank keeps in full (the layer input, the norms'
 outputs, the residual sums: ~6 d_model per token against ~12 d_model + heads x seq sharded)."""
+SP_GATHERED_SHARE = 0.79
+"""Of that replicated share, what a rank still keeps in full under sequence parallelism, fitted to
+two measurements: on gpt@tiny@64 over two ranks, DTensor's sequence parallelism lowered the
+measured peak by 4.0 MiB at micro-batch 32 and 2.0 at 16, where splitting all but the all-gathered
+inputs of qkv and fc (2 of the ~6 d_model per token, Megatron's accounting, 1/3 kept) said 12.6
+and 6.3: torch keeps more of a layer's replicated tensors whole than that accounting (both runs
+gave 0.79)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +90,9 @@ class TPPlan(Plan):
     """With stages > 1: micro-batches per replica per step (the pipeline's accumulation)."""
     schedule: str = "1F1B"
     """With stages > 1: torch's schedule, 'GPipe' or '1F1B'."""
+    sequence_parallel: bool = False
+    """Megatron's sequence parallelism (DTensor plans only): norms and residuals split along the
+    sequence, each layer all-reduce a reduce-scatter and an all-gather."""
 
     @property
     def global_batch(self) -> int:
@@ -100,6 +110,11 @@ class TPPlan(Plan):
     def dtensor(self) -> bool:
         """Run through parallelize_module (even shards, one replica) rather than per-rank slices."""
         return self.even and self.dp == 1 and self.stages == 1
+
+    @property
+    def realisation(self) -> str:
+        """How a real run shards: 'sp' (DTensor with sequence parallelism), 'dtensor' or 'slices'."""
+        return "sp" if self.sequence_parallel else "dtensor" if self.dtensor else "slices"
 
     def groups(self) -> tuple[tuple[int, ...], ...]:
         """Every tensor group (of every replica and stage), in rank order."""
@@ -136,11 +151,12 @@ def speeds(cost: CostModel, dims: TransformerDims) -> list[float]:
 
 
 def segment_s(cost: CostModel, dims: TransformerDims, d: int, k: int, mb: float, forward: bool, attn: bool,
-              frac: float) -> float:
-    """Time of one layer segment on device d for a rank holding `frac` of its heads (or units)."""
+              frac: float, seq_split: int = 1) -> float:
+    """Time of one layer segment on device d for a rank holding `frac` of its heads (or units); with
+    sequence parallelism over `seq_split` ranks, its norm and residual on 1/seq_split of the tokens."""
     t = cost.fwd_s(d, k, k + 1, mb) if forward else cost.bwd_s(d, k, k + 1, mb)
     share = dims.attn_share if attn else 1.0 - dims.attn_share
-    return t * share * (REPLICATED_SHARE + (1.0 - REPLICATED_SHARE) * frac)
+    return t * share * (REPLICATED_SHARE / seq_split + (1.0 - REPLICATED_SHARE) * frac)
 
 
 def position_params(cost: CostModel, dims: TransformerDims, heads: int, hidden: int) -> int:
@@ -153,24 +169,38 @@ def _replicated(cost: CostModel, dims: TransformerDims) -> tuple[range, range]:
     return range(0, dims.layer_blocks[0]), range(dims.layer_blocks[-1] + 1, n)
 
 
+def layer_collective_s(cost: CostModel, dims: TransformerDims, group, m: int, realisation: str) -> float:
+    """One of a layer's four collectives over the group for a micro-batch of m: an all-reduce of its
+    activation (with sequence parallelism, 'sp', the reduce-scatter and the all-gather that replace
+    it: the same bytes over the same ring, and on gloo here 1.2-1.6x the all-reduce's time, which
+    the calibrated term takes), plus the group's calibrated term for that realisation, which is per
+    MiB of the activation: measured on gpt@tiny@64 over two ranks, the realisations' extra time
+    beyond the model grew with the data, not with the count of collectives (accumulating 2 and 4
+    micro-batches, twice and four times the collectives at 1/2 and 1/4 the size, stepped +28 and
+    +51 % (DTensor) where a per-collective term said +42 and +128 %)."""
+    nbytes = dims.activation_bytes(m)
+    return cost.allreduce_s(nbytes, group) + cost.tp_collective_s(group, realisation) * nbytes / 2**20
+
+
 def tp_graph(plan: TPPlan, cost: CostModel) -> TaskGraph:
     dims = _dims(cost)
     g = TaskGraph()
     pre, post = _replicated(cost, dims)
     fa = [h / dims.n_head for h in plan.heads]
     fb = [u / dims.hidden for u in plan.hidden]
+    split = plan.tp_size if plan.sequence_parallel else 1
     done: dict[tuple[int, int], int] = {}  # (position, block) -> last task of its backward, over replicas
     for gi, group in enumerate(plan.groups()):
         comm = f"tp{gi}"
         micro = even_split(plan.local_batch[gi], plan.accum_steps)
         for j, m in enumerate(micro):
-            ar_s = cost.allreduce_s(dims.activation_bytes(m), group) + cost.tp_collective_s(group, plan.dtensor)
+            ar_s = layer_collective_s(cost, dims, group, m, plan.realisation)
             dep = None
             for d in group:
                 g.add(f"dev{d}", "F", cost.fwd_s(d, pre.start, pre.stop, m) + cost.overhead_s(d, m), label=f"F{j} embed")
             for k in dims.layer_blocks:
                 for attn in (True, False):
-                    tids = [g.add(f"dev{d}", "F", segment_s(cost, dims, d, k, m, True, attn, (fa if attn else fb)[p]),
+                    tids = [g.add(f"dev{d}", "F", segment_s(cost, dims, d, k, m, True, attn, (fa if attn else fb)[p], split),
                                   [dep], label=f"F{j}.{k}{'a' if attn else 'm'}") for p, d in enumerate(group)]
                     dep = g.add(comm, "allreduce", ar_s, tids, label=f"allreduce F{j}.{k}")
             for p, d in enumerate(group):
@@ -181,7 +211,7 @@ def tp_graph(plan: TPPlan, cost: CostModel) -> TaskGraph:
                         done[(gi * plan.tp_size + p, k)] = head
             for k in reversed(dims.layer_blocks):
                 for attn in (False, True):
-                    tids = [g.add(f"dev{d}", "B", segment_s(cost, dims, d, k, m, False, attn, (fa if attn else fb)[p]),
+                    tids = [g.add(f"dev{d}", "B", segment_s(cost, dims, d, k, m, False, attn, (fa if attn else fb)[p], split),
                                   [dep], label=f"B{j}.{k}{'a' if attn else 'm'}") for p, d in enumerate(group)]
                     dep = g.add(comm, "allreduce", ar_s, tids, label=f"allreduce B{j}.{k}")
                     if j == len(micro) - 1:
@@ -214,14 +244,16 @@ def _data_parallel_sync(g: TaskGraph, plan: TPPlan, cost: CostModel, dims: Trans
 
 
 def sharded_act_factor(cost: CostModel, dims: TransformerDims, heads: int, hidden: int, lo: int, hi: int,
-                       mb: int) -> float:
+                       mb: int, seq_split: int = 1) -> float:
     """The share of blocks lo..hi's saved activations a rank keeps with `heads` heads and `hidden`
     units of every layer: the layers' share of those activations is cut to the rank's fraction,
-    except REPLICATED_ACT_SHARE of it that every rank keeps in full."""
+    except REPLICATED_ACT_SHARE of it that every rank keeps in full (with sequence parallelism over
+    `seq_split` ranks, all but SP_GATHERED_SHARE of that split along the sequence)."""
     frac = dims.attn_share * heads / dims.n_head + (1 - dims.attn_share) * hidden / dims.hidden
     total = cost.act_bytes(lo, hi, mb) or 1
     layers = sum(cost.act_bytes(k, k + 1, mb) for k in dims.layer_blocks if lo <= k < hi) / total
-    return 1.0 - min(1.0, layers) * (1 - REPLICATED_ACT_SHARE) * (1 - frac)
+    kept = REPLICATED_ACT_SHARE * (SP_GATHERED_SHARE + (1 - SP_GATHERED_SHARE) / seq_split if seq_split > 1 else 1.0)
+    return 1.0 - min(1.0, layers) * (1 - kept - (1 - REPLICATED_ACT_SHARE) * frac)
 
 
 def tp_memory(plan: TPPlan, cost: CostModel) -> tuple[MemoryBreakdown, ...]:
@@ -236,7 +268,8 @@ def tp_memory(plan: TPPlan, cost: CostModel) -> tuple[MemoryBreakdown, ...]:
         mb = -(-plan.local_batch[gi] // plan.accum_steps)
         base = data_parallel_memory(cost, d, mb, "fp32", 0)
         share = position_params(cost, dims, plan.heads[p], plan.hidden[p]) / full
-        act = sharded_act_factor(cost, dims, plan.heads[p], plan.hidden[p], 0, n, mb)
+        act = sharded_act_factor(cost, dims, plan.heads[p], plan.hidden[p], 0, n, mb,
+                                 plan.tp_size if plan.sequence_parallel else 1)
         out.append(MemoryBreakdown(params_bytes=int(base.params_bytes * share), grads_bytes=int(base.grads_bytes * share),
                                    optim_bytes=int(base.optim_bytes * share),
                                    activations_bytes=int(base.activations_bytes * act),
@@ -299,9 +332,11 @@ def balance_replicas(cost: CostModel, dims: TransformerDims, groups, heads, hidd
 
 
 def build_plan(cost: CostModel, devices, tp: int, grouping: str, global_batch: int, accum: int = 1,
-               even: bool = False, stages: int = 1, microbatches: int = 1) -> TPPlan:
+               even: bool = False, stages: int = 1, microbatches: int = 1,
+               sequence_parallel: bool = False) -> TPPlan:
     """The plan of these choices with its inner knobs solved (or DTensor's even shards); with
-    stages > 1, tensor groups as pipeline stages (`_tp_pipeline`)."""
+    stages > 1, tensor groups as pipeline stages (`_tp_pipeline`); with `sequence_parallel`, the
+    even one-group plan under sequence parallelism."""
     dims = _dims(cost)
     if len(devices) % (tp * stages) or tp > dims.n_head:
         raise InfeasiblePlanError(f"tensor group size {tp} x {stages} stage(s) must divide the {len(devices)} devices "
@@ -318,8 +353,28 @@ def build_plan(cost: CostModel, devices, tp: int, grouping: str, global_batch: i
     if stages > 1:
         return build_pipeline_plan(cost, dims, groups, len(groups) // stages, heads, hidden, global_batch, microbatches)
     local = balance_replicas(cost, dims, groups, heads, hidden, global_batch, accum)
-    return TPPlan(devices=tuple(d for grp in groups for d in grp), tp_size=tp, heads=heads, hidden=hidden,
+    plan = TPPlan(devices=tuple(d for grp in groups for d in grp), tp_size=tp, heads=heads, hidden=hidden,
                   local_batch=local, accum_steps=accum)
+    return with_sequence_parallel(plan, dims) if sequence_parallel else plan
+
+
+def sequence_parallel_problem(plan: TPPlan, dims: TransformerDims) -> str | None:
+    """Why this plan cannot run under sequence parallelism, or None."""
+    if not plan.dtensor:
+        return ("sequence parallelism runs through DTensor: even shards, one tensor group, no pipeline "
+                f"stages (this plan: {'even' if plan.even else 'uneven'} shards, {plan.dp} replica(s), "
+                f"{plan.stages} stage(s)); use sequence_parallel false")
+    if dims.seq_len % plan.tp_size:
+        return (f"sequence parallelism splits the {dims.seq_len} tokens over the {plan.tp_size} ranks evenly; "
+                "use a --seq-len that the tensor group size divides, or sequence_parallel false")
+    return None
+
+
+def with_sequence_parallel(plan: TPPlan, dims: TransformerDims) -> TPPlan:
+    problem = sequence_parallel_problem(replace(plan, sequence_parallel=False), dims)
+    if problem:
+        raise InfeasiblePlanError(problem)
+    return replace(plan, sequence_parallel=True)
 
 
 @register
@@ -347,7 +402,12 @@ class TP(Strategy):
         stages = trial.suggest_categorical(self.param("stages"), list(depths)) if len(depths) > 1 else 1
         if stages == 1:
             accum = choose_accum(trial, ctx, self.param)
-            return build_plan(ctx.cost, devices, tp, grouping, ctx.global_batch, accum)
+            plan = build_plan(ctx.cost, devices, tp, grouping, ctx.global_batch, accum)
+            dims = _dims(ctx.cost)
+            if sequence_parallel_problem(plan, dims) is None and trial.suggest_categorical(
+                    self.param("sequence_parallel"), [False, True]):
+                return with_sequence_parallel(plan, dims)
+            return plan
         if len(devices) % (tp * stages):
             raise InfeasiblePlanError(f"{stages} stages of {tp}-device tensor groups do not divide the "
                                       f"{len(devices)} chosen devices")
@@ -355,10 +415,14 @@ class TP(Strategy):
         return build_plan(ctx.cost, devices, tp, grouping, ctx.global_batch, stages=stages, microbatches=m)
 
     def counterparts(self, plan: TPPlan, cost: CostModel) -> list[Plan]:
-        """The even-shard plan of the same devices and groups (what DTensor alone would run)."""
+        """The even-shard plan of the same devices and groups (what DTensor alone would run); for a
+        DTensor plan, its twin with sequence parallelism switched (where that can run)."""
+        dims = _dims(cost)
+        if plan.dtensor:
+            twin = replace(plan, sequence_parallel=not plan.sequence_parallel)
+            return [twin] if sequence_parallel_problem(replace(twin, sequence_parallel=False), dims) is None else []
         if plan.even:
             return []
-        dims = _dims(cost)
         if dims.n_head % plan.tp_size or dims.hidden % (plan.tp_size * HIDDEN_GRANULE):
             return []
         if plan.stages > 1:
@@ -374,6 +438,7 @@ class TP(Strategy):
             return []
         pair = (0, 1)
         builders = [lambda: build_plan(cost, pair, 2, "fast_links", gb, even=True),
+                    lambda: build_plan(cost, pair, 2, "fast_links", gb, even=True, sequence_parallel=True),
                     lambda: build_plan(cost, pair, 2, "fast_links", gb)]
         if n >= 4:  # DP x TP: pairs of mixed speeds, and pairs of like devices; PP x TP: a pair per stage
             builders += [lambda g=g: build_plan(cost, tuple(range(4)), 2, g, gb) for g in ("strided", "fast_links")]
@@ -396,6 +461,8 @@ class TP(Strategy):
                                       f"{dims.hidden}")
         if P > 1:
             validate_pipeline(plan, cost)
+        if plan.sequence_parallel and (problem := sequence_parallel_problem(replace(plan, sequence_parallel=False), dims)):
+            raise InfeasiblePlanError(f"tp plan: {problem}")
         if plan.accum_steps < 1 or min(plan.local_batch) < plan.accum_steps:
             raise InfeasiblePlanError(f"tp plan local batches {list(plan.local_batch)} must each be >= accum_steps "
                                       f"({plan.accum_steps})")
@@ -405,7 +472,7 @@ class TP(Strategy):
 
     def label(self, plan: TPPlan) -> str:
         shards = "even" if plan.even else f"heads {'/'.join(map(str, plan.heads))} units {'/'.join(map(str, plan.hidden))}"
-        s = f"tp{plan.tp_size} {shards}"
+        s = f"tp{plan.tp_size} {shards}" + (" sp" if plan.sequence_parallel else "")
         if plan.stages > 1:
             bounds = "/".join(map(str, plan.boundaries))
             s = f"pp{plan.stages} x {s} {plan.schedule} m={plan.microbatches} blocks {bounds}"

@@ -80,6 +80,9 @@ and no bf16 plan came within 10x of the best)."""
 
 
 ZERO_RESIDUAL_FIELDS = {1: "zero1_residual_s", 2: "zero2_residual_s", 3: "shard_residual_s"}
+TP_TERMS = {"slices": "tp_collective_s", "dtensor": "tp_dtensor_collective_s", "sp": "tp_sp_collective_s"}
+"""The calibrated per-collective term of each way a tensor-parallel plan runs (`TPPlan.realisation`):
+per-rank slices, DTensor's even shards, DTensor with sequence parallelism."""
 """`ModelProfile` field of each ZeRO stage's calibrated term."""
 
 
@@ -324,10 +327,12 @@ class CostModel:
         not calibrated)."""
         return self._group_term("offload_single_s", (dev,), min_devices=1)
 
-    def tp_collective_s(self, group: tuple[int, ...], dtensor: bool) -> float:
-        """Calibrated extra time of every all-reduce of a tensor-parallel layer over this tensor group,
-        for DTensor's even shards or per-rank slices (`hetsim.search.calib_modelparallel.calibrate_tp`)."""
-        return self._group_term("tp_dtensor_collective_s" if dtensor else "tp_collective_s", group)
+    def tp_collective_s(self, group: tuple[int, ...], realisation: str) -> float:
+        """Calibrated extra time, in seconds per MiB of the activation, of every collective of a
+        tensor-parallel layer over this tensor group (an all-reduce, or with sequence parallelism a
+        reduce-scatter and an all-gather), for a realisation of `TP_TERMS`
+        (`hetsim.search.calib_modelparallel.calibrate_tp`, `hetsim.strategies.tp.layer_collective_s`)."""
+        return self._group_term(TP_TERMS[realisation], group)
 
     def tp_pipeline_scale(self, group: tuple[int, ...]) -> float:
         """Calibrated relative change, signed, of the compute of a pipeline stage that is this tensor

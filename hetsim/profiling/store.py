@@ -154,13 +154,19 @@ class ModelProfile:
     them (`hetsim.strategies._pipeline_sched.action_term`).  Empty in profiles recorded before it: those
     schedules then carry no per-action term."""
     tp_collective_s: dict[str, float] = field(default_factory=dict)
-    """By tensor group (`group_key`): seconds added to every all-reduce of a tensor-parallel plan run
-    through per-rank slices, so that a real run on that group steps as simulated (autograd functions
-    around each all-reduce, the slow rank's spin, contention between ranks)."""
+    """By tensor group (`group_key`): seconds per MiB of activation added to every all-reduce of a
+    tensor-parallel plan run through per-rank slices, so that a real run on that group steps as
+    simulated (autograd functions around each all-reduce, the slow rank's spin, contention between
+    ranks).  Recordings before 2026-12-05 stored seconds per all-reduce of their run (the same
+    number for gpt@tiny@64 at micro-batch 32, whose activation is 1 MiB)."""
     tp_dtensor_collective_s: dict[str, float] = field(default_factory=dict)
     """The same for even shards run through DTensor (`parallelize_module`): DTensor's dispatch of
     every sharded operator as well (on gpt@tiny@64, 2 CPU ranks: its even plan stepped 0.60 s where
     the per-collective model said 0.43)."""
+    tp_sp_collective_s: dict[str, float] = field(default_factory=dict)
+    """The same for DTensor's even shards under sequence parallelism (a reduce-scatter and an
+    all-gather in place of each all-reduce, the norms' parameters' partial gradients); empty in
+    profiles recorded before 2026-12-05: those plans then carry no calibrated term."""
     tp_pipeline_scale: dict[str, float] = field(default_factory=dict)
     """By tensor group (`group_key`): the relative change of the compute of a pipeline stage that is
     this tensor group (PP x TP plans; its segments and other blocks take (1 + term) x their time),

@@ -73,34 +73,38 @@ def test_one_repeat_runs_each_calibration_plan_once(make_cost, gn_profile, tmp_p
 
 def test_tensor_parallel_calibration_makes_each_realisation_step_as_measured(make_gpt_cost, gpt_profile, tmp_path,
                                                                               monkeypatch):
-    """Two real runs over the whole cluster as one tensor group, DTensor's even shards and the
-    solved slices; each term is per all-reduce, so the simulated step of the run it came from then
-    equals the measured one, and the other realisation is left alone."""
+    """Three real runs over the whole cluster as one tensor group, DTensor's even shards with and
+    without sequence parallelism and the solved slices; each term is per collective, so the
+    simulated step of the run it came from then equals the measured one, and the other realisations
+    are left alone."""
     from hetsim.strategies.tp import TP, build_plan
 
     wl = gpt_profile[0]
     cost = make_gpt_cost("emu:1.0@4G,0.5@4G")
     tp = TP()
-    extra = {True: 0.2, False: 0.05}  # measured minus simulated, per realisation
-    preds = {dt: tp.predict(build_plan(cost, (0, 1), 2, "fast_links", 32, even=dt), cost)[0].step_time_s
-             for dt in (True, False)}
+    extra = {"dtensor": 0.2, "sp": 0.3, "slices": 0.05}  # measured minus simulated, per realisation
+
+    def plan_of(c, real):
+        return build_plan(c, (0, 1), 2, "fast_links", 32, even=real != "slices", sequence_parallel=real == "sp")
+
+    preds = {real: tp.predict(plan_of(cost, real), cost)[0].step_time_s for real in extra}
     ran = []
 
     def fake_measure(plan, **k):
-        ran.append(plan.dtensor)
-        return Measurement(status="ok", step_time_s=preds[plan.dtensor] + extra[plan.dtensor])
+        ran.append(plan.realisation)
+        return Measurement(status="ok", step_time_s=preds[plan.realisation] + extra[plan.realisation])
 
     monkeypatch.setattr(realruns, "measure", fake_measure)
     said: list[str] = []
     profiles = calib_modelparallel.calibrate_tp(cost.cluster, wl, cost.profiles, tmp_path, said.append, 32)
-    assert sorted(set(ran)) == [False, True]
+    assert sorted(set(ran)) == sorted(extra)
     from hetsim.model.costmodel import CostModel
 
     after = CostModel(cost.cluster, profiles, wl.optimizer)
-    for dt in (True, False):
-        plan = build_plan(after, (0, 1), 2, "fast_links", 32, even=dt)
-        assert tp.predict(plan, after)[0].step_time_s == pytest.approx(preds[dt] + extra[dt], rel=1e-6)
-    assert after.tp_collective_s((0, 1), True) > after.tp_collective_s((0, 1), False) > 0
+    for real in extra:
+        assert tp.predict(plan_of(after, real), after)[0].step_time_s == pytest.approx(preds[real] + extra[real], rel=1e-6)
+    assert after.tp_collective_s((0, 1), "sp") > after.tp_collective_s((0, 1), "dtensor") > \
+        after.tp_collective_s((0, 1), "slices") > 0
     # Recorded: a second search measures nothing again.
     ran.clear()
     calib_modelparallel.calibrate_tp(cost.cluster, wl, profiles, tmp_path, said.append, 32)
@@ -123,18 +127,18 @@ def test_tensor_parallel_calibration_covers_the_groups_of_replicated_plans(make_
     ran = []
 
     def fake_measure(plan, **k):
-        ran.append((plan.tp_size, plan.dp, plan.dtensor))
+        ran.append((plan.tp_size, plan.dp, plan.dtensor, plan.sequence_parallel))
         return Measurement(status="ok", step_time_s=tp.predict(plan, cost)[0].step_time_s + 0.1)
 
     monkeypatch.setattr(realruns, "measure", fake_measure)
     profiles = calib_modelparallel.calibrate_tp(cost.cluster, wl, cost.profiles, tmp_path, lambda m: None, 32)
-    assert (2, 2, False) in ran and (2, 1, True) in ran and (4, 1, True) in ran
+    assert {(2, 2, False, False), (2, 1, True, False), (2, 1, True, True), (4, 1, True, False), (4, 1, True, True)} <= set(ran)
     after = CostModel(cost.cluster, profiles, wl.optimizer)
     devs = cost.cluster.devices
     assert group_key([devs[0], devs[2]]) != group_key([devs[0], devs[1]])
     for pair in ((0, 2), (0, 1), (2, 3)):
-        assert after.tp_collective_s(pair, False) > 0, pair
-    assert after.tp_collective_s((0, 1), True) > 0
+        assert after.tp_collective_s(pair, "slices") > 0, pair
+    assert after.tp_collective_s((0, 1), "dtensor") > 0 and after.tp_collective_s((0, 1), "sp") > 0
     strided = build_plan(cost, (0, 1, 2, 3), 2, "strided", 32)
     assert len({group_key([devs[d] for d in g]) for g in strided.groups()}) == 1
     assert tp.predict(strided, after)[0].step_time_s == pytest.approx(tp.predict(strided, cost)[0].step_time_s + 0.1,
@@ -171,7 +175,7 @@ def test_pipelines_of_tensor_groups_get_a_term_of_their_own(make_gpt_cost, gpt_p
     for plan in staged:
         assert tp.predict(plan, after)[0].step_time_s == pytest.approx(tp.predict(plan, cost)[0].step_time_s - 0.03,
                                                                        rel=1e-4)
-    assert after.tp_pipeline_scale((0, 2)) < 0 < after.tp_collective_s((0, 2), False)
+    assert after.tp_pipeline_scale((0, 2)) < 0 < after.tp_collective_s((0, 2), "slices")
     strided = build_plan(cost, (0, 1, 2, 3), 2, "strided", 32)
     assert tp.predict(strided, after)[0].step_time_s == pytest.approx(tp.predict(strided, cost)[0].step_time_s + 0.01,
                                                                       rel=1e-6)
