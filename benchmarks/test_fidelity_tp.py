@@ -1,10 +1,11 @@
 """Fidelity of tensor-parallel plans on four emulated devices: the `tp` family's own plans on
-gpt@tiny@64 over `emu:1.0@2G,1.0@2G,0.5@1G,0.5@1G` (a tensor pair, DP x TP replicas of pairs and
+gpt@tiny@64 over `emu:1.0@2G,1.0@2G,0.5@1G,0.5@1G` (a tensor pair with and without sequence
+parallelism, DP x TP replicas of pairs and
 PP x TP pipelines of pairs, each grouping, every uneven plan beside its even counterpart),
 predicted from a recording made at the start of the run, then run for real.
 
 Writes results/local/bench/fidelity_tp.json (the same record per plan as the other suites,
-`test_fidelity.run_suite`) with the accuracy per shape (tp, dp x tp, pp x tp).  Four ranks on two
+`test_fidelity.run_suite`) with the accuracy per shape (tp, tp sp: sequence parallelism, dp x tp, pp x tp).  Four ranks on two
 cores contend for the host, and runs of one plan spread by about 10 % here, so the bound is issue
 15's own: every executed tensor-parallel plan within 10 % of its prediction, read as the MAPE.
 """
@@ -29,7 +30,7 @@ TP_MAPE_MAX = 0.10
 
 
 def shape(plan) -> str:
-    return "pp x tp" if plan.stages > 1 else "dp x tp" if plan.dp > 1 else "tp"
+    return "pp x tp" if plan.stages > 1 else "dp x tp" if plan.dp > 1 else "tp sp" if plan.sequence_parallel else "tp"
 
 
 @pytest.mark.timeout(FIDELITY_TIMEOUT_S)
@@ -55,7 +56,7 @@ def test_fidelity_tp():
         for p in (plan, *tp.counterparts(plan, cost)):
             if p not in plans:
                 plans.append(p)
-    assert {shape(p) for p in plans} == {"tp", "dp x tp", "pp x tp"}, [tp.label(p) for p in plans]
+    assert {shape(p) for p in plans} == {"tp", "tp sp", "dp x tp", "pp x tp"}, [tp.label(p) for p in plans]
     t0 = time.perf_counter()
     records = run_suite(plans, cost, cluster, wl, profile_ref(profiles.models.values()))
     acc = golden.accuracy_of(records)
