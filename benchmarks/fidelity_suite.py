@@ -68,16 +68,10 @@ def _variants(strat, ctx) -> list:
 def _drawn(strat, ctx, seed: int):
     import optuna
 
+    from hetsim.testing.contract import drawn_plans
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
-    for _ in range(MAX_DRAWS):
-        trial = study.ask()
-        try:
-            plan = strat.space(trial, ctx)
-        except InfeasiblePlanError:
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            continue
-        study.tell(trial, 0.0)
+    for _, plan in drawn_plans(strat, ctx, MAX_DRAWS, seed):
         yield plan
 
 

@@ -175,6 +175,22 @@ def check_memory(strategy: Strategy, plan: Plan, cost: CostModel) -> None:
         f"{label}: feasible={pred.feasible} but devices over capacity: {over}")
 
 
+def drawn_plans(strategy: Strategy, ctx: SearchContext, trials: int, seed: int = 0):
+    """(trial, plan) for each of `trials` random draws of the family's space that builds a plan (a
+    draw that raises InfeasiblePlanError is pruned and skipped); each trial is told complete after
+    the caller has looked at it."""
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    for _ in range(trials):
+        trial = study.ask()
+        try:
+            plan = strategy.space(trial, ctx)
+        except InfeasiblePlanError:
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            continue
+        yield trial, plan
+        study.tell(trial, 0.0)
+
+
 def check_search_space(strategy: Strategy, cost: CostModel, trials: int = 48, seed: int = 0) -> None:
     """Random trials of the family's space give valid plans of its type (or InfeasiblePlanError),
     and every parameter it suggests carries its prefix (`Strategy.param`)."""
@@ -183,19 +199,11 @@ def check_search_space(strategy: Strategy, cost: CostModel, trials: int = 48, se
         return
     # The family's own prefix, unless it opted out with param_prefix = "" (the built-ins, for now).
     prefix = "" if strategy.param_prefix == "" else f"{strategy.param_prefix or strategy.name}."
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
     built = 0
-    for _ in range(trials):
-        trial = study.ask()
-        try:
-            plan = strategy.space(trial, ctx)
-        except InfeasiblePlanError:
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            continue
+    for trial, plan in drawn_plans(strategy, ctx, trials, seed):
         strategy.validate(plan, cost)
         assert isinstance(plan, strategy.plan_type) and plan.global_batch == GLOBAL_BATCH, plan
         built += 1
-        study.tell(trial, 0.0)
         wrong = [n for n in trial.params if not n.startswith(prefix)]
         assert not wrong, f"{strategy.name}: search parameters {wrong} lack its prefix {prefix!r} (use Strategy.param)"
     assert built, f"{strategy.name}: {trials} random trials gave no valid plan on {CLUSTER}"

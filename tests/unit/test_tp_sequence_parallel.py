@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import optuna
 import pytest
 from hetsim.strategies.base import SearchContext
 from hetsim.strategies.tp import build_plan, layer_collective_s, tp_dims
@@ -18,6 +17,7 @@ from hetsim.testing.contract import (
     check_memory,
     check_plan_roundtrip,
     check_simulation,
+    drawn_plans,
     structural_cost,
 )
 
@@ -107,20 +107,11 @@ def test_sequence_parallel_needs_the_group_to_divide_the_tokens(tp):
 def test_search_offers_sequence_parallelism_only_on_dtensor_plans(tp):
     for cluster, offered in ((PAIR, True), ("emu:1.0@4G,0.5@4G", False)):
         cost = structural_cost(SPEC, cluster=cluster)
-        ctx = SearchContext(cost=cost, global_batch=16)
-        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
         seen = set()
-        for _ in range(40):
-            trial = study.ask()
-            try:
-                plan = tp.space(trial, ctx)
-            except InfeasiblePlanError:
-                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-                continue
+        for trial, plan in drawn_plans(tp, SearchContext(cost=cost, global_batch=16), 40, seed=1):
             tp.validate(plan, cost)
             assert ("tp.sequence_parallel" in trial.params) == plan.dtensor
             seen.add(plan.sequence_parallel)
-            study.tell(trial, 0.0)
         assert seen == ({False, True} if offered else {False}), cluster
 
 
