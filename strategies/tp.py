@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from hetsim.errors import InfeasiblePlanError
-from hetsim.model.memory import data_parallel_memory
+from hetsim.model.memory import data_parallel_memory, loss_temporaries_bytes
 from hetsim.model.simulator import TaskGraph
 from hetsim.types import MemoryBreakdown
 
@@ -57,16 +57,25 @@ STAGES = (1, 2, 4)
 """Pipeline stages of tensor groups a search may choose (PP x TP), where the cluster has 2 x that."""
 MICROBATCHES = (2, 4, 8)
 """Micro-batches per step of a PP x TP plan."""
-REPLICATED_ACT_SHARE = 0.3
-"""Share of a layer's saved activations that every rank keeps in full (the layer input, the norms'
-outputs, the residual sums: ~6 d_model per token against ~12 d_model + heads x seq sharded)."""
-SP_GATHERED_SHARE = 0.79
-"""Of that replicated share, what a rank still keeps in full under sequence parallelism, fitted to
-two measurements: on gpt@tiny@64 over two ranks, DTensor's sequence parallelism lowered the
-measured peak by 4.0 MiB at micro-batch 32 and 2.0 at 16, where splitting all but the all-gathered
-inputs of qkv and fc (2 of the ~6 d_model per token, Megatron's accounting, 1/3 kept) said 12.6
-and 6.3: torch keeps more of a layer's replicated tensors whole than that accounting (both runs
-gave 0.79)."""
+REPLICATED_ACT_SHARE = 0.25
+"""Share of a layer's saved activations that every rank keeps in full, by count: per token a GPT
+layer saves about 16 d_model (the norms' inputs and outputs, qkv's output 3, attention's output,
+proj's input, the residual, fc's and GELU's outputs 4 each); the norms' inputs and outputs (4 of
+them) are replicated, the rest is split with the heads and units.  Measured against it (gpt@tiny@64,
+uneven tp2 heads 3/1 and its even counterpart, with TP_LOSS_COPIES): 0.0-0.2 % per rank (with 0.3
+and the loss's temporaries scaled by the rank's share: +3.6 / -13.5 / -4.0 %)."""
+TP_LOSS_COPIES = 3
+"""Tensors of the logits' size that a tensor-parallel rank holds at its peak: the replicated head
+computes the whole loss on every rank, whatever its shard, so they are not split.  Three of the four
+that a whole step's calibrated temporaries hold (`hetsim.model.memory.LOSS_TEMP_COPIES`), fitted:
+MemTracker measured 32 MiB of temporaries on every rank of the pair above (two copies) and the third
+among its activations."""
+SP_GATHERED_SHARE = 0.5
+"""Of that replicated share, what a rank still keeps in full under sequence parallelism: the
+all-gathered inputs of qkv and fc, which their matmuls save for backward (the norms' outputs, 2 of
+the 4 replicated per token); the norms' inputs are split along the sequence.  Measured: DTensor's
+sequence parallelism lowered the peak by 4.0 MiB at micro-batch 32 and 2.0 at 16 on gpt@tiny@64 over
+two ranks, as this count says."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -270,10 +279,12 @@ def tp_memory(plan: TPPlan, cost: CostModel) -> tuple[MemoryBreakdown, ...]:
         share = position_params(cost, dims, plan.heads[p], plan.hidden[p]) / full
         act = sharded_act_factor(cost, dims, plan.heads[p], plan.hidden[p], 0, n, mb,
                                  plan.tp_size if plan.sequence_parallel else 1)
+        loss = min(base.other_bytes, loss_temporaries_bytes(cost, mb))
+        kept = loss_temporaries_bytes(cost, mb, TP_LOSS_COPIES) if loss > 0 else 0.0
         out.append(MemoryBreakdown(params_bytes=int(base.params_bytes * share), grads_bytes=int(base.grads_bytes * share),
                                    optim_bytes=int(base.optim_bytes * share),
                                    activations_bytes=int(base.activations_bytes * act),
-                                   other_bytes=int(base.other_bytes * (share if plan.dp > 1 else act))))
+                                   other_bytes=int(kept + (base.other_bytes - loss) * (share if plan.dp > 1 else act))))
     return tuple(out)
 
 
