@@ -12,6 +12,10 @@ Two realisations, both PyTorch's own machinery:
   `ColwiseParallel` / `RowwiseParallel` (DTensor `Shard` placements).  DTensor shards a dimension
   in equal contiguous chunks, so the qkv rows are first reordered to put each rank's q, k and v
   rows next to each other (the model's own layout is [q of all heads | k | v]).
+- **even shards with sequence parallelism** (`TPPlan.sequence_parallel`): the same, plus torch's own
+  `SequenceParallel` norms and `PrepareModuleInput`/`PrepareModuleOutput` conversions, so a layer's
+  activations between the tensor-parallel regions are split along the sequence
+  (`shard_with_dtensor`).
 - **uneven shards, or data-parallel replicas**: DTensor has no placement for an uneven split
   (`Shard(dim)` is always even), so each rank holds its own slice as a plain parameter, cut from
   the full deterministic initialisation, and the two collectives are `torch.distributed.all_reduce`

@@ -12,8 +12,10 @@ all-reduce of one activation (micro-batch x seq x d_model) over the group (forwa
 row-parallel products; backward: the column-parallel input gradients); embedding and head in full
 on every rank; with replicas, DDP's bucketed gradient all-reduce over the ranks that share a shard,
 then the optimizer step over the rank's own parameters.  Every layer all-reduce also carries a
-calibrated per-collective term of its tensor group (`CostModel.tp_collective_s`: two real runs, one
-per realisation, `hetsim.search.calibrate.calibrate_tp`).  The real run is `_tp_run.TPExecutor`.
+calibrated term of its tensor group, per MiB of the activation (`CostModel.tp_collective_s`: a real
+run per realisation, `hetsim.search.calib_modelparallel.calibrate_tp`).  Plans that run through
+DTensor may add Megatron's sequence parallelism (`sequence_parallel`): the norms on 1/tp of the
+tokens, each all-reduce a reduce-scatter and an all-gather.  The real run is `_tp_run.TPExecutor`.
 """
 
 from __future__ import annotations
@@ -370,7 +372,8 @@ def build_plan(cost: CostModel, devices, tp: int, grouping: str, global_batch: i
 
 
 def sequence_parallel_problem(plan: TPPlan, dims: TransformerDims) -> str | None:
-    """Why this plan cannot run under sequence parallelism, or None."""
+    """Why this plan's shape cannot run under sequence parallelism, or None (whatever its own
+    `sequence_parallel`)."""
     if not plan.dtensor:
         return ("sequence parallelism runs through DTensor: even shards, one tensor group, no pipeline "
                 f"stages (this plan: {'even' if plan.even else 'uneven'} shards, {plan.dp} replica(s), "
@@ -382,7 +385,7 @@ def sequence_parallel_problem(plan: TPPlan, dims: TransformerDims) -> str | None
 
 
 def with_sequence_parallel(plan: TPPlan, dims: TransformerDims) -> TPPlan:
-    problem = sequence_parallel_problem(replace(plan, sequence_parallel=False), dims)
+    problem = sequence_parallel_problem(plan, dims)
     if problem:
         raise InfeasiblePlanError(problem)
     return replace(plan, sequence_parallel=True)
@@ -431,7 +434,7 @@ class TP(Strategy):
         dims = _dims(cost)
         if plan.dtensor:
             twin = replace(plan, sequence_parallel=not plan.sequence_parallel)
-            return [twin] if sequence_parallel_problem(replace(twin, sequence_parallel=False), dims) is None else []
+            return [twin] if sequence_parallel_problem(plan, dims) is None else []
         if plan.even:
             return []
         if dims.n_head % plan.tp_size or dims.hidden % (plan.tp_size * HIDDEN_GRANULE):
@@ -472,7 +475,7 @@ class TP(Strategy):
                                       f"{dims.hidden}")
         if P > 1:
             validate_pipeline(plan, cost)
-        if plan.sequence_parallel and (problem := sequence_parallel_problem(replace(plan, sequence_parallel=False), dims)):
+        if plan.sequence_parallel and (problem := sequence_parallel_problem(plan, dims)):
             raise InfeasiblePlanError(f"tp plan: {problem}")
         if plan.accum_steps < 1 or min(plan.local_batch) < plan.accum_steps:
             raise InfeasiblePlanError(f"tp plan local batches {list(plan.local_batch)} must each be >= accum_steps "
