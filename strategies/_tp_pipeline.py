@@ -212,7 +212,7 @@ def pipeline_graph(plan: TPPlan, cost: CostModel, dims: TransformerDims) -> Task
 def pipeline_memory(plan: TPPlan, cost: CostModel, dims: TransformerDims) -> tuple[MemoryBreakdown, ...]:
     """Per rank: the pipeline rank's memory model of its stage, with the parameter state scaled to
     the rank's own shards and the layers' sharded activations to its share (as `tp_memory`)."""
-    from .tp import sharded_act_factor
+    from ._tp_memory import sharded_act_factor
 
     P, m, b = plan.stages, plan.microbatches, plan.boundaries
     base = replicas_memory(cost, plan.schedule, P, b, m, [x // m for x in plan.local_batch], "fp32", 0)
