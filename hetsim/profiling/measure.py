@@ -25,7 +25,7 @@ from hetsim.types import Fit
 from hetsim.workloads.builtin import PROFILED_OPTIMIZERS, Workload, make_optimizer
 from hetsim.workloads.precision import autocast
 
-FORMAT = "6"
+FORMAT = "7"
 """Part of every profile's fingerprint: bump it when a measured field changes meaning (what is timed,
 how, in which unit), so that recorded profiles are measured again.  A new field with a default needs
 no bump unless a profile without it would be used wrongly.  2: the memory calibration on GPUs no
@@ -39,7 +39,9 @@ interpolated between them instead of read off one line; format-4 files still loa
 record the activation gradients a zero-bubble schedule keeps between a stage's input and weight backward
 (`BlockProfile.split_grad_bytes_per_sample`); without them such a pipeline's memory is under-predicted.
 Every point is timed in interleaved rounds and `ModelProfile.timing_spread` is the whole model's spread
-across them (before: across three timings in a row, which missed the host's slow phases)."""
+across them (before: across three timings in a row, which missed the host's slow phases).  7: a warm-up
+round is timed first and dropped (`_Measured.forget_warm_up`): single blocks read up to 4.5x their
+training-step time in it."""
 
 
 def cpu_name() -> str:
@@ -181,7 +183,8 @@ class _Measured:
     """Whole-model time, its probe, its micro-batch size (one per round)."""
     probes: list[float] = field(default_factory=list)
     round: int = 0
-    """The round being measured: every point is timed once per round, the rounds interleaved."""
+    """The round being measured: every point is timed once per round, the rounds interleaved; round 0
+    is the warm-up round, whose timings are dropped (`forget_warm_up`)."""
     input_bytes: int = 0
     ref: float = 0.0
     """The reference probe time (set once everything is measured)."""
@@ -196,6 +199,19 @@ class _Measured:
         p = self.probe() if self.probe is not None else 0.0
         self.probes.append(p)
         return _times(fn, self.device, 1, self.warmup), p
+
+    def forget_warm_up(self, precisions: tuple[str, ...]) -> None:
+        """Drop the warm-up round's timings of `precisions` (timed again in the rounds that follow) and
+        of the whole model: round 0 pays what a process pays once (the heap growing to its peak, oneDNN
+        creating each shape's kernels), which no training step sees.  bert@tiny@64, 2026-12-05, three
+        rounds: the head's fp32 backward at 31 samples read 110.5, 25.5, 24.6 ms in one profile and a
+        median of 69.3 ms in a main job's (a training step: 24.4 ms); resnet18@64's blocks at 2 samples
+        summed to 55-57 ms in round 0 against 29-36 ms in the next two rounds."""
+        for prec in precisions:
+            for per_mb in self.times[prec]:
+                for ts in per_mb.values():
+                    del ts[:1]
+        self.fulls.clear()
 
     def point(self, prec: str, k: int, mb: int) -> tuple[float, float, float]:
         """Block k's (forward, backward, forward without autograd) at micro-batch mb: the median over
@@ -221,7 +237,8 @@ def profile_model(
     parameter, activation and output bytes; optimizer step time vs parameter count.
 
     Every point is timed `reps` times in interleaved rounds (each round over every precision and
-    micro-batch size, every other round in reverse order) and the median kept: this host slows down
+    micro-batch size, every other round in reverse order), after a warm-up round whose timings are
+    dropped (`_Measured.forget_warm_up`), and the median kept: this host slows down
     for 10-60 s at a time, and three timings in a row fell into one slow phase together (two
     recordings back to back disagreed by up to 65 % on single blocks).  The whole model's timings
     across the rounds give the profile's spread.  A low precision far slower than fp32 in the first
@@ -240,15 +257,16 @@ def profile_model(
     )
     rounds = max(1, reps)
     per_round = timed
-    for r in range(rounds):
+    for r in range(rounds + 1):  # round 0 warms up: its timings are dropped (`_Measured.forget_warm_up`)
         m.round = r
         if r == 1:
             per_round = _worth_more_rounds(m, micro_batches, timed, progress)
+            m.forget_warm_up(per_round)
         for prec in per_round:
             for mb in (micro_batches if r % 2 == 0 else tuple(reversed(micro_batches))):
                 if progress:
                     progress(f"profiling {workload.name} {prec} micro-batch {mb}"
-                             + (f" (round {r + 1}/{rounds})" if rounds > 1 else ""))
+                             + (" (warm-up round)" if r == 0 else f" (round {r}/{rounds})"))
                 _measure_micro_batch(m, model, prec, mb, first=r == 0 and mb == micro_batches[0])
     m.ref = ref_of(m.probes)
     overhead = [max(0.0, m.at(full, p) - sum(sum(m.point("fp32", k, mb)[:2]) for k in range(len(blocks))))
