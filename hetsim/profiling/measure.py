@@ -241,8 +241,8 @@ def profile_model(
     dropped (`_Measured.forget_warm_up`), and the median kept: this host slows down
     for 10-60 s at a time, and three timings in a row fell into one slow phase together (two
     recordings back to back disagreed by up to 65 % on single blocks).  The whole model's timings
-    across the rounds give the profile's spread.  A low precision far slower than fp32 in the first
-    round is timed in that round only (`_worth_more_rounds`)."""
+    across the rounds give the profile's spread.  A low precision far slower than fp32 in the warm-up
+    round is timed in that round only, and its timings there are kept (`_worth_more_rounds`)."""
     cosines, floors, failed, timed = screen_precisions(workload, kind, device, precisions, min(16, max(micro_batches)),
                                                progress)
     model = workload.model().to(device)
@@ -302,7 +302,7 @@ def profile_model(
 def _worth_more_rounds(m: _Measured, micro_batches: tuple[int, ...], timed: tuple[str, ...],
                        progress: Callable[[str], None] | None) -> tuple[str, ...]:
     """`timed` less the low precisions whose blocks took more than `LOW_PRECISION_SKIP` times fp32's in
-    the first round (forward and backward, largest micro-batch): their plans lose to fp32's by far, so
+    the warm-up round (forward and backward, largest micro-batch): their plans lose to fp32's by far, so
     one round of timings serves (gpt@tiny@64's bf16 on a CPU without bf16 arithmetic: 10.9x, and 52 of
     66 profiling seconds at three rounds)."""
     mb = max(micro_batches)
