@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from hetsim.model.memory import data_parallel_memory, loss_temporaries_bytes
 from hetsim.types import MemoryBreakdown
 
-from ._tp_pipeline import stage_params
+from ._tp_pipeline import position_params
 from ._tp_shards import TransformerDims
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ def tp_memory(plan: TPPlan, cost: CostModel, dims: TransformerDims) -> tuple[Mem
         p, gi = r % plan.tp_size, r // plan.tp_size
         mb = -(-plan.local_batch[gi] // plan.accum_steps)
         base = data_parallel_memory(cost, d, mb, "fp32", 0)
-        share = stage_params(cost, dims, plan.heads[p], plan.hidden[p], 0, None) / full
+        share = position_params(cost, dims, plan.heads[p], plan.hidden[p]) / full
         act = sharded_act_factor(cost, dims, plan.heads[p], plan.hidden[p], 0, n, mb,
                                  plan.tp_size if plan.sequence_parallel else 1)
         loss = min(base.other_bytes, loss_temporaries_bytes(cost, mb))

@@ -65,6 +65,11 @@ def stage_params(cost: CostModel, dims: TransformerDims, heads: int, hidden: int
     return int(cost.param_count(lo, hi) - layers * (attn + mlp))
 
 
+def position_params(cost: CostModel, dims: TransformerDims, heads: int, hidden: int) -> int:
+    """Parameters a rank holds with `heads` heads and `hidden` units of every layer."""
+    return stage_params(cost, dims, heads, hidden, 0, None)
+
+
 class _Shards:
     """A plan's shard fractions and the all-reduce of one activation on a tensor group."""
 

@@ -35,7 +35,7 @@ from ._tp_pipeline import (
     even_counterpart,
     pipeline_graph,
     pipeline_memory,
-    stage_params,
+    position_params,
     validate_pipeline,
 )
 from ._tp_shards import (
@@ -147,11 +147,6 @@ def segment_s(cost: CostModel, dims: TransformerDims, d: int, k: int, mb: float,
     t = cost.fwd_s(d, k, k + 1, mb) if forward else cost.bwd_s(d, k, k + 1, mb)
     share = dims.attn_share if attn else 1.0 - dims.attn_share
     return t * share * (REPLICATED_SHARE / seq_split + (1.0 - REPLICATED_SHARE) * frac)
-
-
-def position_params(cost: CostModel, dims: TransformerDims, heads: int, hidden: int) -> int:
-    """Parameters a rank holds with `heads` heads and `hidden` units of every layer."""
-    return stage_params(cost, dims, heads, hidden, 0, None)
 
 
 def _replicated(cost: CostModel, dims: TransformerDims) -> tuple[range, range]:
@@ -442,7 +437,8 @@ class TP(Strategy):
         return pipeline_graph(plan, cost, _dims(cost)) if plan.stages > 1 else tp_graph(plan, cost)
 
     def memory(self, plan: TPPlan, cost) -> tuple[MemoryBreakdown, ...]:
-        return pipeline_memory(plan, cost, _dims(cost)) if plan.stages > 1 else tp_memory(plan, cost, _dims(cost))
+        dims = _dims(cost)
+        return pipeline_memory(plan, cost, dims) if plan.stages > 1 else tp_memory(plan, cost, dims)
 
     def executor(self, plan: TPPlan, ctx: WorkerContext):
         # DTensor's import (~1 s a rank) only where a tensor-parallel plan runs.
