@@ -197,20 +197,26 @@ def _calibrate_uniform(cluster: Cluster, workload, profiles: ProfileSet, root: P
         return profiles
     say(f"calibrating {what} on all {len(cluster.devices)} devices ({'/'.join(map(str, plan.local_batch))})")
     return _record_residual(plan, strat.predict(plan, cost)[0].step_time_s, field, key, cluster, workload, profiles,
-                            root, say, repeats, what.split(":")[0], fallback)
+                            root, say, repeats, what.split(":")[0], fallback,
+                            per=plan.chunks if field in PER_MICRO_STEP else 1)
+
+
+PER_MICRO_STEP = ("shard_residual_s", "zero2_residual_s")
+"""The terms a step pays once a micro-step (FSDP2's collectives run in every one: `_zero_graph._sharded_optimizer`),
+recorded per micro-step of their calibration plan."""
 
 
 def _record_residual(plan, pred_s: float, field: str, key: str, cluster: Cluster, workload, profiles: ProfileSet,
-                     root: Path, say: Say, repeats: int, name: str, fallback: str) -> ProfileSet:
-    """Real runs of `plan` (`whole_cluster_step`); their step minus `pred_s` stored in each model profile's
-    `field` under `key`.  A failed run is said ("`name` calibration failed (status); `fallback`") and,
+                     root: Path, say: Say, repeats: int, name: str, fallback: str, per: int = 1) -> ProfileSet:
+    """Real runs of `plan` (`whole_cluster_step`); their step minus `pred_s` (over `per`, the term's
+    occurrences in the plan's step) stored in each model profile's `field` under `key`.  A failed run is said ("`name` calibration failed (status); `fallback`") and,
     when out of memory, remembered under `FIELD:key` (`remember_failure`)."""
     m, reals = whole_cluster_step(plan, cluster, workload, profiles, say, repeats)
     if reals is None:
         say(f"{name} calibration failed ({m.status}); {fallback}")
         return remember_failure(profiles, root, workload, f"{field}:{key}", m.status)
     return record(profiles, root, workload, lambda kind, prof: replace(
-        prof, **{field: {**getattr(prof, field), key: reals[kind] - pred_s}}))
+        prof, **{field: {**getattr(prof, field), key: (reals[kind] - pred_s) / per}}))
 
 
 def remember_failure(profiles: ProfileSet, root: Path, workload, tag: str, status: str) -> ProfileSet:

@@ -168,14 +168,21 @@ def _sharded_optimizer(st: _Sharded) -> None:
     """The calibrated group residuals, then each rank's optimizer step on its shard (on the host with offload)."""
     plan, cost, g = st.plan, st.cost, st.g
     # The calibrated contention of a data-parallel group (measured with DDP: ranks computing side
-    # by side and gloo progressing on busy cores) applies to FSDP's group as well.
-    # Plus the stage's own term, calibrated with a real uniform step of that stage.
-    sync = cost.sync_residual_s(st.devs) + cost.zero_residual_s(plan.zero_stage, st.devs)
+    # by side and gloo progressing on busy cores) applies to FSDP's group as well, once a step.
+    # Plus the stage's own term, calibrated with a real uniform step of that stage, once a micro-step:
+    # FSDP2 gathers and reduce-scatters every block in every micro-step (resnet18@64, default cluster,
+    # one recording: a second micro-step cost 142-248 ms more where the simulation added 94-118 ms,
+    # against a ZeRO-2 term of 54 ms and a ZeRO-3 one of 124 ms).
+    fsdp = plan.chunks * cost.zero_residual_s(plan.zero_stage, st.devs)
     if plan.offload:
         # FSDP2 with CPU offload: the term measured on one device alone, the largest of the plan's ranks
-        # (each rank steps its own shard on the host, side by side).  bert@tiny@64, 2026-12-03: a zero2
-        # offload 22/10 bf16 plan without it stepped 12.6 % slower than simulated (27 ms; the term: 38 ms).
-        sync += max(cost.offload_single_s(d) for d in st.devs)
+        # (each rank steps its own shard on the host, side by side).  That one-device run also pays
+        # FSDP2's per-block work, which a group's stage term already carries: the larger of the two.
+        # bert@tiny@64, 2026-12-03: a zero2 offload 22/10 bf16 plan without it stepped 12.6 % slower
+        # than simulated (27 ms; the term: 38 ms).  resnet18@64 zero3 offload 22/10, five fresh benches
+        # of 2026-12-04/05 with both terms added: +8.7 to +13.5 % slow (the terms 24-54 and 59-144 ms).
+        fsdp = max(fsdp, max(cost.offload_single_s(d) for d in st.devs))
+    sync = cost.sync_residual_s(st.devs) + fsdp
     last_rs = st.last_rs
     if sync and last_rs:
         last_rs = [g.add(Resource.COMM, TaskKind.SYNC, sync, list(last_rs), label="sync (calibrated)")]

@@ -121,7 +121,8 @@ class ModelProfile:
     a plan's overlap, `strategies._dp_closed.compute_overlap`)."""
     shard_residual_s: dict[str, float] = field(default_factory=dict)
     """By group (`group_key`): a real uniform FSDP (ZeRO-3) step on the whole cluster minus its simulated
-    step, sync residual included (what the per-block all-gather/reduce-scatter model misses)."""
+    step, sync residual included (what the per-block all-gather/reduce-scatter model misses), per micro-step
+    of that step: a plan pays it in each of its micro-steps (`search.calib_dataparallel.PER_MICRO_STEP`)."""
     zero1_residual_s: dict[str, float] = field(default_factory=dict)
     """By group (`group_key`): the same for a real uniform ZeRO-1 step (DDP + ZeroRedundancyOptimizer, which
     broadcasts each owner's parameters one tensor at a time: many small collectives on a transformer;
@@ -129,7 +130,8 @@ class ModelProfile:
     zero2_residual_s: dict[str, float] = field(default_factory=dict)
     """By group (`group_key`): the same for a real uniform ZeRO-2 step (FSDP2 without resharding after
     forward: per-block all-gathers in forward, reduce-scatters in backward); on CPU ranks it measured
-    close to ZeRO-3 (vit@tiny@32: 0.28 s against 0.22 simulated and 0.23 for DDP)."""
+    close to ZeRO-3 (vit@tiny@32: 0.28 s against 0.22 simulated and 0.23 for DDP).  Per micro-step, as
+    `shard_residual_s`."""
     offload_single_s: dict[str, float] = field(default_factory=dict)
     """By one device (`group_key` of that device alone): a real FSDP2 step with CPU offload on that device
     alone (ZeRO-3, the search's global batch) minus its simulated step; ZeRO-2 and ZeRO-3 offload plans on

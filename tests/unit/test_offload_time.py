@@ -75,3 +75,41 @@ def test_sharded_residuals_apply_to_their_own_stage(make_cost):
         before = zero.predict(plan, base)[0].step_time_s
         after = zero.predict(plan, with_res)[0].step_time_s
         assert after - before == pytest.approx(extra, abs=1e-9)
+
+
+def _with_terms(base: CostModel, **terms) -> CostModel:
+    prof = next(iter(base.profiles.models.values()))
+    return CostModel(base.cluster, dataclasses.replace(
+        base.profiles, models={prof.device_kind: dataclasses.replace(prof, **terms)}),
+        base.optimizer, has_batchnorm=base.facts.has_batchnorm)
+
+
+def test_sharded_residuals_are_paid_every_micro_step(make_cost):
+    """FSDP2 gathers and reduce-scatters in every micro-step, so ZeRO-2/3 pay their term in each; ZeRO-1
+    (DDP's no_sync, one broadcast) once a step."""
+    from hetsim.profiling.store import group_key
+
+    base = make_cost("emu:1.0@4G,0.5@4G")
+    key = group_key(base.cluster.devices)
+    with_res = _with_terms(base, shard_residual_s={key: 0.25}, zero2_residual_s={key: 0.125},
+                           zero1_residual_s={key: 0.0625})
+    zero = ZeRO()
+    for stage, extra in ((3, 0.5), (2, 0.25), (1, 0.0625)):
+        plan = ZeROPlan(devices=(0, 1), local_batch=(8, 8), zero_stage=stage, accum_steps=2)
+        before = zero.predict(plan, base)[0].step_time_s
+        after = zero.predict(plan, with_res)[0].step_time_s
+        assert after - before == pytest.approx(extra, abs=1e-9), stage
+
+
+@pytest.mark.parametrize(("offload_term", "extra"), [(0.0625, 0.25), (0.5, 0.5)])
+def test_group_offload_takes_the_larger_of_its_stage_and_one_device_terms(make_cost, offload_term, extra):
+    """The one-device offload run pays FSDP2's per-block work that the group's stage term carries too."""
+    from hetsim.profiling.store import group_key
+
+    base = make_cost("emu:1.0@4G,0.5@4G")
+    key, fast = group_key(base.cluster.devices), group_key(base.cluster.devices[:1])
+    with_res = _with_terms(base, shard_residual_s={key: 0.25}, offload_single_s={fast: offload_term})
+    plan = ZeROPlan(devices=(0, 1), local_batch=(8, 8), zero_stage=3, offload=True)
+    zero = ZeRO()
+    before = zero.predict(plan, base)[0].step_time_s
+    assert zero.predict(plan, with_res)[0].step_time_s - before == pytest.approx(extra, abs=1e-9)
