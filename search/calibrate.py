@@ -1,9 +1,10 @@
 """The calibration step: short real runs of the strategies' own executors that add to the model
 profiles what isolated block timings miss, each term recorded beside the profile it corrects.
 
-Nine terms, each measured once per profile (or per device group) and then reused: the single-device
+Ten terms, each measured once per profile (or per device group) and then reused: the single-device
 residual (the real data-parallel executor on one device at two batch sizes, in fp32 and in each low
-precision searched that is not far slower: `LOW_PRECISION_SKIP`), the gradient synchronisation of a
+precision searched that is not far slower: `LOW_PRECISION_SKIP`), the speed each slowed emulated device
+really runs at (`calibrate_speed`), the gradient synchronisation of a
 uniform data-parallel step on the whole cluster and again at the split that balances the devices
 (`calibrate_sync_balanced`), what a uniform ZeRO-3 (FSDP), ZeRO-2 and ZeRO-1 step adds to it and what
 FSDP2 with CPU offload adds on one device alone (`hetsim.search.calib_dataparallel`), the per-action overhead of real pipelines (one-stage ones
@@ -41,6 +42,7 @@ from hetsim.profiling.store import (
     DeviceProfile,
     ModelProfile,
     ProfileSet,
+    group_key,
     model_profile_path,
     save,
 )
@@ -61,6 +63,11 @@ RESIDUAL = "calib_residual_s"
 """The single-device term's key in `ModelProfile.calib_failed` when its run failed."""
 GC_RESIDUAL = "grad_cache_residual_s"
 """The single-device gradient-cache term's key in `ModelProfile.calib_failed`."""
+SPEED = "speed_scale"
+"""A slowed device's term's key in `ModelProfile.calib_failed` (then `:` and the device's `group_key`)."""
+SPEED_SCALE_MAX = 1.5
+"""`calibrate_speed`'s result is kept within [1/this, this]: a run that far off says more about the host
+than about the emulation."""
 
 
 def calibrate(cluster: Cluster, workload, profiles: ProfileSet, req: ProfileRequest, say: Say = print) -> ProfileSet:
@@ -137,6 +144,10 @@ def calibrate_devices(cluster: Cluster, workload, profiles: ProfileSet, req: Pro
             prof = calibrate_residual(dev, workload, prof, profiles.devices[kind], sizes, say, repeats=req.repeats,
                                       precision=prec)
             save(prof, model_profile_path(req.root, kind, workload.spec))
+        for slow in slowed_devices(cluster, kind):
+            if group_key([slow]) not in prof.speed_scale and f"{SPEED}:{group_key([slow])}" not in prof.calib_failed:
+                prof = calibrate_speed(slow, workload, prof, profiles.devices[kind], sizes, say, repeats=req.repeats)
+                save(prof, model_profile_path(req.root, kind, workload.spec))
         if (workload.batch_coupled and prof.grad_cache_residual_s is None and GC_RESIDUAL not in prof.calib_failed
                 and (req.strategies is None or {"ddp", "zero"} & set(req.strategies))):
             # Half a uniform share and a whole one, in the most chunks the search offers: the chunk sizes
@@ -164,11 +175,47 @@ def slowdown(prof: ModelProfile, precision: str) -> float:
     return total(precision) / base if base > 0 else 1.0
 
 
-def _one_device(device) -> Cluster:
-    """A cluster of this one device at full speed with no memory cap: single-device calibration runs."""
-    one_dev = replace(device, speed=1.0, memory_bytes=1 << 50, index=device.index)
+def _one_device(device, speed: float = 1.0) -> Cluster:
+    """A cluster of this one device at `speed` (full speed unless given) with no memory cap: single-device
+    calibration runs."""
+    one_dev = replace(device, speed=speed, memory_bytes=1 << 50, index=device.index)
     return Cluster(spec="calibration", source=device.backend if device.backend != "catalog" else "emulated",
                    devices=(one_dev,))
+
+
+def slowed_devices(cluster: Cluster, kind: str) -> list:
+    """One emulated device of `kind` per relative speed below 1 in the cluster (`calibrate_speed`)."""
+    found = {}
+    for d in cluster.devices:
+        if d.kind == kind and d.backend == "emulated" and d.speed < 1:
+            found.setdefault(d.speed, d)
+    return list(found.values())
+
+
+def calibrate_speed(device, workload, prof: ModelProfile, dev_prof: DeviceProfile, sizes, say: Say,
+                    repeats: int = REPEATS) -> ModelProfile:
+    """Run the real single-device step at the largest micro-batch on this slowed emulated device, at its
+    own speed, and record how much slower its compute really runs than 1/speed of the profile says
+    (`ModelProfile.speed_scale`, solved on the step's simulation, which is linear in it)."""
+    key = group_key([device])
+    one = _one_device(device, speed=device.speed)
+    plan = DDPPlan(devices=(0,), local_batch=(int(sizes[-1]),))
+
+    def predicted(scale: float) -> float:
+        at = replace(prof, speed_scale={key: scale})
+        cost = CostModel(one, ProfileSet(models={prof.device_kind: at}, devices={prof.device_kind: dev_prof}),
+                         workload.optimizer)
+        return DDP().predict(plan, cost)[0].step_time_s
+
+    say(f"calibrating {prof.device_kind} at speed {device.speed:g}: real single-device step at batch {sizes[-1]}")
+    m, real = robust_step_s(plan, cluster=one, workload=workload, ref_probe_s=prof.probe_s, steps=10, say=say,
+                            repeats=repeats)
+    if real is None:
+        say(f"calibration run failed ({m.status}); plans on that device keep 1/speed of the profile")
+        return replace(prof, calib_failed={**prof.calib_failed, f"{SPEED}:{key}": m.status})
+    at1, at2 = predicted(1.0), predicted(2.0)
+    scale = 1.0 + (real - at1) / (at2 - at1) if at2 > at1 else 1.0
+    return replace(prof, speed_scale={**prof.speed_scale, key: min(SPEED_SCALE_MAX, max(1 / SPEED_SCALE_MAX, scale))})
 
 
 def low_precisions(device, precisions) -> list[str]:

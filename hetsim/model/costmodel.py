@@ -155,7 +155,9 @@ class CostModel:
     def _device_scale(self, d: Device) -> tuple[ModelProfile, float]:
         """(profile to read, time multiplier) for device d."""
         if d.kind in self.profiles.models:
-            return self.profiles.models[d.kind], 1.0 / d.speed
+            prof = self.profiles.models[d.kind]
+            realised = prof.speed_scale.get(group_key([d]), 1.0) if d.backend == "emulated" else 1.0
+            return prof, realised / d.speed
         ref_dev = self.profiles.devices.get(self._base_kind)
         if d.backend == "catalog" and ref_dev is not None and d.peak_fp32_flops > 0:
             ref_flops = ref_dev.matmul_flops.get("fp32", 0.0)

@@ -140,6 +140,17 @@ class ModelProfile:
     on the default cluster (2026-12-03, interleaved runs on dev 0) measured ZeRO-2 and ZeRO-3 offload,
     accumulation 1 and 2, 16-18 % slower than simulated, about 40 ms a step whatever the stage or the
     accumulation; resnet50@64 main jobs read 11-12 %.  Empty in profiles recorded before it."""
+    speed_scale: dict[str, float] = field(default_factory=dict)
+    """By one emulated device below full speed (`group_key` of that device alone): its real one-device
+    step's compute over what 1/speed of the profiled compute predicts, which every plan on such a device
+    carries (`CostModel`'s time multiplier).  The emulator spins (1/speed - 1) x each block's measured
+    time, and a rank that spins computes its next block slower: resnet18@64, 2026-12-05, three
+    interleaved rounds, ddp 32 accum 2 and ddp 16 on the 0.5 device alone measured 2.03-2.05x the
+    full-speed device's steps at the profiles' host speed where 1.90-1.91x was simulated (-7 to -8 %),
+    while the full-speed device's own steps read within 2.5 %.  Group terms calibrated on the whole
+    cluster (the balanced data-parallel split) had been absorbing it for their own plans only:
+    checkpointed and pipelined plans that load the slow device more read 4-10 % fast in every bench.
+    Empty in profiles recorded before it and on clusters without a slowed device."""
     calib_failed: dict[str, str] = field(default_factory=dict)
     """By `FIELD:group_key`: the status of a calibration run that failed (e.g. 'oom' on devices too
     small for the uniform plan), so later searches do not repeat it; `--reprofile` measures again."""
