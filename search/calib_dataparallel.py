@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hetsim.strategies._dp_closed import compute_overlap, data_parallel_compute
 from hetsim.strategies.base import SearchContext
-from hetsim.strategies.ddp import DDP
+from hetsim.strategies.ddp import DDP, DDPPlan
 from hetsim.strategies.helpers import balance_batch
 from hetsim.strategies.zero import ZeRO, ZeROPlan
 
@@ -24,10 +24,60 @@ from hetsim.profiling.obtain import Say
 from hetsim.profiling.store import ModelProfile, ProfileSet, group_key, model_profile_path, save
 from hetsim.types import Measurement
 
-from .realruns import robust_step_s
+from .realruns import robust_step_s, taken_in_turn
 
 SMALL_BATCH_PER_DEVICE = 4
 """Samples per device of a uniform calibration run when the search's global batch is predicted not to fit."""
+
+
+def calibrate_dataparallel(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say, zero: bool,
+                           repeats: int = REPEATS, global_batch: int | None = None) -> ProfileSet:
+    """Every whole-cluster data-parallel term these profiles lack: the uniform and balanced data-parallel
+    steps and, with `zero`, the ZeRO-3, ZeRO-2, ZeRO-1 and one-device offload steps.  Their runs are taken
+    in turn first (`taken_in_turn`), then each term is solved in that order, each on the ones before it."""
+    terms = [calibrate_sync, calibrate_sync_balanced]
+    if zero:
+        terms += [calibrate_sharded, calibrate_zero2, calibrate_zero1, calibrate_offload_single]
+    with taken_in_turn(pending_plans(cluster, workload, profiles, global_batch, zero), cluster=cluster,
+                       workload=workload, ref_probe_s=host_ref(profiles), steps=STEPS, say=say, repeats=repeats):
+        for term in terms:
+            profiles = term(cluster, workload, profiles, root, say, repeats=repeats, global_batch=global_batch)
+    return profiles
+
+
+def pending_plans(cluster: Cluster, workload, profiles: ProfileSet, global_batch: int | None,
+                  zero: bool) -> list[tuple[str, object]]:
+    """(label, plan) of each term of `calibrate_dataparallel` that the profiles lack and that did not fail
+    before, as its own function will choose it."""
+    key = group_key(cluster.devices)
+    models = list(profiles.models.values())
+
+    def lacks(field: str, at: str = key) -> bool:
+        return (not all(at in getattr(m, field) for m in models)
+                and not any(f"{field}:{at}" in m.calib_failed for m in models))
+
+    cost = CostModel(cluster, profiles, workload.optimizer, has_batchnorm=workload.has_batchnorm,
+                     batch_coupled=workload.batch_coupled)
+    ddp, zero_ = DDP(), ZeRO()
+    out = []
+    if lacks("sync_residual_s"):
+        out.append(uniform_plan(ddp, cost, global_batch))
+    if not workload.batch_coupled and lacks("sync_balanced_s"):
+        found = _balanced_plan(CostModel(cluster, profiles, workload.optimizer, has_batchnorm=workload.has_batchnorm),
+                               global_batch)
+        out.append(found[0] if found else None)
+    if zero:
+        for field, stage in (("shard_residual_s", None), ("zero2_residual_s", 2), ("zero1_residual_s", 1)):
+            if lacks(field):
+                out.append(uniform_plan(zero_, cost, global_batch, stage))
+        dev = max(range(len(cluster.devices)), key=lambda i: cluster.devices[i].speed)
+        if lacks("offload_single_s", group_key([cluster.devices[dev]])):
+            out.append(_offload_single_plan(cost, dev, global_batch))
+    return [((ddp if isinstance(p, DDPPlan) else zero_).label(p), p) for p in out if p is not None]
+
+
+STEPS = 10
+"""Timed steps of every whole-cluster calibration run."""
 
 
 def calibrate_sync(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
@@ -59,17 +109,11 @@ def calibrate_sync_balanced(cluster: Cluster, workload, profiles: ProfileSet, ro
             or any(tag in m.calib_failed for m in models) or not all(key in m.sync_residual_s for m in models)):
         return profiles
     cost = CostModel(cluster, profiles, workload.optimizer, has_batchnorm=workload.has_batchnorm)
-    uniform = uniform_plan(DDP(), cost, global_batch)
-    if uniform is None:
+    found = _balanced_plan(cost, global_batch)
+    if found is None:
         return profiles
-    try:
-        split = balance_batch(cost, uniform.devices, uniform.global_batch, 1, uniform.precision, 0, 1)
-    except InfeasiblePlanError:
-        return profiles
-    plan = replace(uniform, local_batch=split)
-    at_uniform, at_plan = (compute_overlap(data_parallel_compute(cost, p)) for p in (uniform, plan))
-    if at_plan < at_uniform + BALANCED_MIN_GAIN or not DDP().predict(plan, cost)[0].feasible:
-        return profiles
+    plan, at_uniform, at_plan = found
+    split = plan.local_batch
 
     def with_term(term: float) -> ProfileSet:
         return replace(profiles, models={k: replace(m, sync_balanced_s={**m.sync_balanced_s,
@@ -89,6 +133,24 @@ def calibrate_sync_balanced(cluster: Cluster, workload, profiles: ProfileSet, ro
                        lambda kind, prof: replace(prof, calib_failed={**prof.calib_failed, tag: m.status}))
     return record(profiles, root, workload, lambda kind, prof: replace(
         prof, sync_balanced_s={**prof.sync_balanced_s, key: (at_uniform, at_plan, term_for(reals[kind], predicted))}))
+
+
+def _balanced_plan(cost: CostModel, global_batch: int | None):
+    """(plan, the uniform plan's compute overlap, the plan's) of `calibrate_sync_balanced`: the uniform
+    data-parallel plan at the split `balance_batch` gives; None where there is none or it overlaps barely
+    more (`BALANCED_MIN_GAIN`) or is predicted not to fit."""
+    uniform = uniform_plan(DDP(), cost, global_batch)
+    if uniform is None:
+        return None
+    try:
+        split = balance_batch(cost, uniform.devices, uniform.global_batch, 1, uniform.precision, 0, 1)
+    except InfeasiblePlanError:
+        return None
+    plan = replace(uniform, local_batch=split)
+    at_uniform, at_plan = (compute_overlap(data_parallel_compute(cost, p)) for p in (uniform, plan))
+    if at_plan < at_uniform + BALANCED_MIN_GAIN or not DDP().predict(plan, cost)[0].feasible:
+        return None
+    return plan, at_uniform, at_plan
 
 
 def term_for(real: float, predicted: Callable[[float], float], tol: float = 1e-4) -> float:
@@ -156,23 +218,28 @@ def calibrate_offload_single(cluster: Cluster, workload, profiles: ProfileSet, r
         return profiles
     cost = CostModel(cluster, profiles, workload.optimizer, has_batchnorm=workload.has_batchnorm,
                      batch_coupled=workload.batch_coupled)
-    zero, gb = ZeRO(), global_batch or max(SMALL_BATCH_PER_DEVICE * len(cluster.devices), 16)
-    plan = None
-    for accum in (1, 2, 4):
-        cand = ZeROPlan(devices=(dev,), local_batch=(gb,), zero_stage=3, offload=True, accum_steps=accum)
-        try:
-            zero.validate(cand, cost)
-            if zero.predict(cand, cost)[0].feasible:
-                plan = cand
-                break
-        except InfeasiblePlanError:
-            continue
+    zero, plan = ZeRO(), _offload_single_plan(cost, dev, global_batch)
     if plan is None:
         return profiles
     say(f"calibrating offloaded sharding on one device: a real {zero.label(plan)} step")
     return _record_residual(plan, zero.predict(plan, cost)[0].step_time_s, "offload_single_s", key, cluster, workload,
                             profiles, root, say, repeats, "one-device offload",
                             "such plans keep the data-parallel step alone")
+
+
+def _offload_single_plan(cost: CostModel, dev: int, global_batch: int | None) -> ZeROPlan | None:
+    """`calibrate_offload_single`'s plan: ZeRO-3 with offload on `dev` alone at the search's global batch,
+    in the fewest of 1, 2 or 4 micro-steps predicted to fit (None when none does)."""
+    zero, gb = ZeRO(), global_batch or max(SMALL_BATCH_PER_DEVICE * cost.n_devices, 16)
+    for accum in (1, 2, 4):
+        cand = ZeROPlan(devices=(dev,), local_batch=(gb,), zero_stage=3, offload=True, accum_steps=accum)
+        try:
+            zero.validate(cand, cost)
+            if zero.predict(cand, cost)[0].feasible:
+                return cand
+        except InfeasiblePlanError:
+            continue
+    return None
 
 
 def _calibrate_uniform(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say, strat, field: str,
@@ -234,13 +301,18 @@ def whole_cluster_step(plan, cluster: Cluster, workload, profiles: ProfileSet, s
     """(the last measurement, each model kind's real step at its profile's host speed, or None when the
     run failed) of `robust_step_s` of `plan` on the whole cluster: one host-speed reference when the
     kinds share one, else each kind's own probe."""
-    refs = {prof.probe_s for prof in profiles.models.values()}
-    ref = next(iter(refs)) if len(refs) == 1 else 0.0  # one host-speed reference for every kind (0: none)
-    m, real = robust_step_s(plan, cluster=cluster, workload=workload, ref_probe_s=ref, steps=10, say=say,
-                            repeats=repeats)
+    one = len({prof.probe_s for prof in profiles.models.values()}) == 1
+    m, real = robust_step_s(plan, cluster=cluster, workload=workload, ref_probe_s=host_ref(profiles), steps=STEPS,
+                            say=say, repeats=repeats)
     if real is None:
         return m, None
-    return m, {kind: real if len(refs) == 1 else m.step_time_at(prof.probe_s) for kind, prof in profiles.models.items()}
+    return m, {kind: real if one else m.step_time_at(prof.probe_s) for kind, prof in profiles.models.items()}
+
+
+def host_ref(profiles: ProfileSet) -> float:
+    """The one host-speed probe time every model kind's profile shares (0 when they differ: none)."""
+    refs = {prof.probe_s for prof in profiles.models.values()}
+    return next(iter(refs)) if len(refs) == 1 else 0.0
 
 
 def record(profiles: ProfileSet, root: Path, workload,

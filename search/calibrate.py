@@ -48,14 +48,7 @@ from hetsim.profiling.store import (
 )
 from hetsim.types import Fit
 
-from .calib_dataparallel import (
-    calibrate_offload_single,
-    calibrate_sharded,
-    calibrate_sync,
-    calibrate_sync_balanced,
-    calibrate_zero1,
-    calibrate_zero2,
-)
+from .calib_dataparallel import calibrate_dataparallel, calibrate_offload_single
 from .calib_modelparallel import calibrate_pipeline, calibrate_tp
 from .realruns import robust_step_s
 
@@ -94,13 +87,8 @@ def _calibrate_all(cluster: Cluster, workload, profiles: ProfileSet, req: Profil
         profiles = calibrate_offload_single(cluster, workload, profiles, req.root, say, repeats=r, global_batch=gb)
     if real and len(cluster.devices) > 1:
         # The uniform data-parallel baseline always runs; the other terms only for the families searched.
-        profiles = calibrate_sync(cluster, workload, profiles, req.root, say, repeats=r, global_batch=gb)
-        profiles = calibrate_sync_balanced(cluster, workload, profiles, req.root, say, repeats=r, global_batch=gb)
-        if searched("zero"):
-            profiles = calibrate_sharded(cluster, workload, profiles, req.root, say, repeats=r, global_batch=gb)
-            profiles = calibrate_zero2(cluster, workload, profiles, req.root, say, repeats=r, global_batch=gb)
-            profiles = calibrate_zero1(cluster, workload, profiles, req.root, say, repeats=r, global_batch=gb)
-            profiles = calibrate_offload_single(cluster, workload, profiles, req.root, say, repeats=r, global_batch=gb)
+        profiles = calibrate_dataparallel(cluster, workload, profiles, req.root, say, searched("zero"), repeats=r,
+                                          global_batch=gb)
         if searched("pipeline", "hybrid"):
             profiles = calibrate_pipeline(cluster, workload, profiles, req.root, say, req.global_batch, repeats=r,
                                           precisions=pipeline_precisions(cluster, profiles, req.precisions))

@@ -201,8 +201,12 @@ def test_calibration_measures_the_terms_of_the_families_searched(make_cost, gn_p
     cost = make_cost(cluster)
     called = []
     monkeypatch.setattr(calibrate, "calibrate_devices", lambda c, w, p, r, s: p)
+    monkeypatch.setattr(calib_dataparallel, "pending_plans", lambda *a, **k: [])
     for name in ("sync", "sharded", "zero2", "zero1", "offload_single", "pipeline", "tp"):
-        monkeypatch.setattr(calibrate, f"calibrate_{name}", lambda c, w, p, *a, name=name, **k: called.append(name) or p)
+        for module in (calibrate, calib_dataparallel):
+            if hasattr(module, f"calibrate_{name}"):
+                monkeypatch.setattr(module, f"calibrate_{name}",
+                                    lambda c, w, p, *a, name=name, **k: called.append(name) or p)
     req = ProfileRequest(root=tmp_path, global_batch=16, precisions=("fp32",), strategies=strategies)
     calibrate.calibrate(cost.cluster, gn_profile[0], cost.profiles, req, say=lambda m: None)
     assert called == terms
