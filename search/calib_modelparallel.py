@@ -28,7 +28,7 @@ from hetsim.profiling.store import (
 from hetsim.types import Fit
 
 from .calib_dataparallel import record
-from .realruns import robust_step_s
+from .realruns import robust_step_s, taken_in_turn
 
 
 def fit_action_residual(points: list[tuple[float, float, float]]) -> Fit:
@@ -156,6 +156,7 @@ def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: P
     if len(next(iter(profiles.models.values())).blocks) < len(cluster.devices):
         return profiles  # fewer blocks than devices: no pipeline over the whole cluster
     group = group_key(cluster.devices)
+    jobs = []
     for prec in ("fp32", *precisions):
         def in_prec(plans_for, prec=prec):
             return lambda cost, gb, mm: [replace(p, precision=prec) for p in plans_for(cost, gb, mm)]
@@ -166,30 +167,49 @@ def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: P
                 out.setdefault(precision_action_key(multi_stage_key(p.schedule, group), prec), []).append(p)
             return out
 
-        profiles = _calibrate_actions(cluster, workload, profiles, root, say, global_batch, repeats, "pipe_action_s",
-                                      lambda plans, prec=prec: {precision_action_key(group, prec): plans},
-                                      in_prec(calibration_pipeline_plans),
-                                      lambda plan: float(plan.micro_batch), "micro-batch {:g}")
-        profiles = _calibrate_actions(cluster, workload, profiles, root, say, global_batch, repeats,
-                                      "pipe_action_multi_s", by_schedule, in_prec(calibration_multi_stage_plans),
-                                      lambda plan: float(plan.microbatches * plan.stages_per_rank),
-                                      "{:g} micro-batches x stages per rank")
+        jobs += [("pipe_action_s", _pending_actions(cluster, workload, profiles, global_batch, "pipe_action_s",
+                                                    lambda plans, prec=prec: {precision_action_key(group, prec): plans},
+                                                    in_prec(calibration_pipeline_plans)),
+                  lambda plan: float(plan.micro_batch), "micro-batch {:g}"),
+                 ("pipe_action_multi_s", _pending_actions(cluster, workload, profiles, global_batch,
+                                                          "pipe_action_multi_s", by_schedule,
+                                                          in_prec(calibration_multi_stage_plans)),
+                  lambda plan: float(plan.microbatches * plan.stages_per_rank), "{:g} micro-batches x stages per rank")]
+    pipe, ref = Pipeline(), profile_ref(profiles.models.values())
+    every = [(pipe.label(p), p) for _, todo, _, _ in jobs for plans in todo.values() for p in plans]
+    # Every pipeline's runs taken in turn first (each term solved on its own runs afterwards).
+    with taken_in_turn(every, cluster=cluster, workload=workload, ref_probe_s=ref, steps=PIPELINE_STEPS, say=say,
+                       repeats=repeats):
+        for field_name, todo, at, at_label in jobs:
+            profiles = _calibrate_actions(cluster, workload, profiles, root, say, repeats, field_name, todo, at,
+                                          at_label)
     return profiles
 
 
-def _calibrate_actions(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say, global_batch: int,
-                       repeats: int, field_name: str, keyed, plans_for, at, at_label: str) -> ProfileSet:
-    """`calibrate_pipeline` for one field: `plans_for` gives the calibration runs, `keyed` groups them by
-    the key of the term they fit, `at` gives the value a run's residual is fitted at (`fit_action_residual`);
-    keys every model profile already has are not measured again."""
+PIPELINE_STEPS = 6
+"""Timed steps of every pipeline calibration run."""
+
+
+def _pending_actions(cluster: Cluster, workload, profiles: ProfileSet, global_batch: int, field_name: str, keyed,
+                     plans_for) -> dict:
+    """The calibration runs of one field's terms that the model profiles lack, by the key of the term they
+    fit: `plans_for` gives the runs, `keyed` groups them by key."""
+    cost = CostModel(cluster, profiles, workload.optimizer, has_batchnorm=workload.has_batchnorm,
+                     batch_coupled=workload.batch_coupled)
+    todo = keyed(plans_for(cost, global_batch, min_samples_per_micro_batch(workload.has_batchnorm)))
+    return {k: v for k, v in todo.items() if not all(k in getattr(m, field_name) for m in profiles.models.values())}
+
+
+def _calibrate_actions(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say, repeats: int,
+                       field_name: str, todo: dict, at, at_label: str) -> ProfileSet:
+    """`calibrate_pipeline` for one field: `todo` holds the calibration runs by the key of the term they fit
+    (`_pending_actions`), `at` gives the value a run's residual is fitted at (`fit_action_residual`)."""
     def cost_with(terms: dict[str, Fit]) -> CostModel:
         models = {k: replace(p, **{field_name: {**getattr(p, field_name), **terms}}) for k, p in profiles.models.items()}
         return CostModel(cluster, replace(profiles, models=models), workload.optimizer,
                          has_batchnorm=workload.has_batchnorm, batch_coupled=workload.batch_coupled)
 
     zero = Fit(intercept=0.0, slope=0.0)
-    todo = keyed(plans_for(cost_with({}), global_batch, min_samples_per_micro_batch(workload.has_batchnorm)))
-    todo = {k: v for k, v in todo.items() if not all(k in getattr(m, field_name) for m in profiles.models.values())}
     pipe = Pipeline()
     fits = {}
     for key, plans in todo.items():
@@ -197,8 +217,8 @@ def _calibrate_actions(cluster: Cluster, workload, profiles: ProfileSet, root: P
         points = []
         for plan in plans:
             say(f"calibrating pipeline actions: a real {pipe.label(plan)} step on all {len(cluster.devices)} devices")
-            m, real = robust_step_s(plan, cluster=cluster, workload=workload,
-                                    ref_probe_s=profile_ref(profiles.models.values()), steps=6, say=say, repeats=repeats)
+            m, real = robust_step_s(plan, cluster=cluster, workload=workload, ref_probe_s=profile_ref(
+                profiles.models.values()), steps=PIPELINE_STEPS, say=say, repeats=repeats)
             if real is None:
                 say(f"pipeline calibration run failed ({m.status})")
                 continue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 
 import pytest
@@ -262,6 +263,7 @@ def test_pipeline_calibration_runs_each_precision_and_keys_its_terms(monkeypatch
         return None, PIPE.predict(plan, cost)[0].step_time_s + (0.05 if plan.precision == "bf16" else 0.01)
 
     monkeypatch.setattr(cm, "robust_step_s", fake_robust)
+    monkeypatch.setattr(cm, "taken_in_turn", lambda *a, **k: contextlib.nullcontext())
     monkeypatch.setattr(cm, "record", lambda profiles, root, wl, fn: replace(
         profiles, models={k: fn(k, p) for k, p in profiles.models.items()}))
     wl = type("W", (), {"optimizer": cost.optimizer, "has_batchnorm": False, "batch_coupled": False, "spec": "w"})()
@@ -275,3 +277,30 @@ def test_pipeline_calibration_runs_each_precision_and_keys_its_terms(monkeypatch
     # The bf16 runs measured more: their terms are larger than fp32's.
     fitted = CostModel(cost.cluster, out, cost.optimizer)
     assert fitted.pipeline_action_s(4, precision="bf16") > fitted.pipeline_action_s(4) > 0
+
+
+def test_pipeline_calibration_takes_every_run_in_turn(monkeypatch, tmp_path):
+    """Every pipeline of every term runs once per round, the rounds one after the other; each term is then
+    solved from its own plans' runs, as when each ran alone."""
+    from hetsim.search import calib_modelparallel as cm
+    from hetsim.search import realruns
+
+    from hetsim.types import Measurement
+
+    cost = synthetic_cost([1.0, 0.5], [1e-3] * 8)
+    ran = []
+
+    def fake_measure(plan, **k):
+        ran.append(repr(plan))
+        return Measurement(status="ok", step_time_s=PIPE.predict(plan, cost)[0].step_time_s + 0.01)
+
+    monkeypatch.setattr(realruns, "measure", fake_measure)
+    monkeypatch.setattr(cm, "record", lambda profiles, root, wl, fn: replace(
+        profiles, models={k: fn(k, p) for k, p in profiles.models.items()}))
+    wl = type("W", (), {"optimizer": cost.optimizer, "has_batchnorm": False, "batch_coupled": False, "spec": "w"})()
+    out = cm.calibrate_pipeline(cost.cluster, wl, cost.profiles, tmp_path, lambda m: None, 16, repeats=2)
+    n = len(ran) // 2
+    assert n >= 4 and len(ran) == 2 * n and ran[:n] == ran[n:] and len(set(ran)) == n
+    m = next(iter(out.models.values()))
+    assert m.pipe_action_s and m.pipe_action_multi_s
+    assert not realruns._TAKEN
