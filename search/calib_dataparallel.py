@@ -50,11 +50,9 @@ def pending_plans(cluster: Cluster, workload, profiles: ProfileSet, global_batch
     """(label, plan) of each term of `calibrate_dataparallel` that the profiles lack and that did not fail
     before, as its own function will choose it."""
     key = group_key(cluster.devices)
-    models = list(profiles.models.values())
 
     def lacks(field: str, at: str = key) -> bool:
-        return (not all(at in getattr(m, field) for m in models)
-                and not any(f"{field}:{at}" in m.calib_failed for m in models))
+        return lacks_term(profiles, field, at)
 
     cost = CostModel(cluster, profiles, workload.optimizer, has_batchnorm=workload.has_batchnorm,
                      batch_coupled=workload.batch_coupled)
@@ -63,8 +61,7 @@ def pending_plans(cluster: Cluster, workload, profiles: ProfileSet, global_batch
     if lacks("sync_residual_s"):
         out.append(uniform_plan(ddp, cost, global_batch))
     if not workload.batch_coupled and lacks("sync_balanced_s"):
-        found = _balanced_plan(CostModel(cluster, profiles, workload.optimizer, has_batchnorm=workload.has_batchnorm),
-                               global_batch)
+        found = _balanced_plan(cost, global_batch)  # batch_coupled is False here, as the term's own cost has it
         out.append(found[0] if found else None)
     if zero:
         for field, stage in (("shard_residual_s", None), ("zero2_residual_s", 2), ("zero1_residual_s", 1)):
@@ -78,6 +75,14 @@ def pending_plans(cluster: Cluster, workload, profiles: ProfileSet, global_batch
 
 STEPS = 10
 """Timed steps of every whole-cluster calibration run."""
+
+
+def lacks_term(profiles: ProfileSet, field: str, key: str) -> bool:
+    """Whether some model profile lacks the term `field` under `key` and no run of it failed before
+    (`ModelProfile.calib_failed`)."""
+    models = profiles.models.values()
+    return not all(key in getattr(m, field) for m in models) and not any(f"{field}:{key}" in m.calib_failed
+                                                                         for m in models)
 
 
 def calibrate_sync(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
@@ -105,8 +110,8 @@ def calibrate_sync_balanced(cluster: Cluster, workload, profiles: ProfileSet, ro
     key = group_key(cluster.devices)
     tag = f"sync_balanced_s:{key}"
     models = profiles.models.values()
-    if (workload.batch_coupled or all(key in m.sync_balanced_s for m in models)
-            or any(tag in m.calib_failed for m in models) or not all(key in m.sync_residual_s for m in models)):
+    if (workload.batch_coupled or not lacks_term(profiles, "sync_balanced_s", key)
+            or not all(key in m.sync_residual_s for m in models)):
         return profiles
     cost = CostModel(cluster, profiles, workload.optimizer, has_batchnorm=workload.has_batchnorm)
     found = _balanced_plan(cost, global_batch)
@@ -212,9 +217,7 @@ def calibrate_offload_single(cluster: Cluster, workload, profiles: ProfileSet, r
     kind and speed carries (bert@tiny@64: both stages, at either accumulation, missed about the same)."""
     dev = max(range(len(cluster.devices)), key=lambda i: cluster.devices[i].speed)
     key = group_key([cluster.devices[dev]])
-    tag = f"offload_single_s:{key}"
-    models = profiles.models.values()
-    if all(key in m.offload_single_s for m in models) or any(tag in m.calib_failed for m in models):
+    if not lacks_term(profiles, "offload_single_s", key):
         return profiles
     cost = CostModel(cluster, profiles, workload.optimizer, has_batchnorm=workload.has_batchnorm,
                      batch_coupled=workload.batch_coupled)

@@ -181,7 +181,7 @@ def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: P
     with taken_in_turn(every, cluster=cluster, workload=workload, ref_probe_s=ref, steps=PIPELINE_STEPS, say=say,
                        repeats=repeats):
         for field_name, todo, at, at_label in jobs:
-            profiles = _calibrate_actions(cluster, workload, profiles, root, say, repeats, field_name, todo, at,
+            profiles = _calibrate_actions(cluster, workload, profiles, root, say, repeats, ref, field_name, todo, at,
                                           at_label)
     return profiles
 
@@ -201,9 +201,10 @@ def _pending_actions(cluster: Cluster, workload, profiles: ProfileSet, global_ba
 
 
 def _calibrate_actions(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say, repeats: int,
-                       field_name: str, todo: dict, at, at_label: str) -> ProfileSet:
+                       ref_probe_s: float, field_name: str, todo: dict, at, at_label: str) -> ProfileSet:
     """`calibrate_pipeline` for one field: `todo` holds the calibration runs by the key of the term they fit
-    (`_pending_actions`), `at` gives the value a run's residual is fitted at (`fit_action_residual`)."""
+    (`_pending_actions`), `at` gives the value a run's residual is fitted at (`fit_action_residual`);
+    `ref_probe_s` is the profiles' host speed (`profile_ref`)."""
     def cost_with(terms: dict[str, Fit]) -> CostModel:
         models = {k: replace(p, **{field_name: {**getattr(p, field_name), **terms}}) for k, p in profiles.models.items()}
         return CostModel(cluster, replace(profiles, models=models), workload.optimizer,
@@ -217,8 +218,8 @@ def _calibrate_actions(cluster: Cluster, workload, profiles: ProfileSet, root: P
         points = []
         for plan in plans:
             say(f"calibrating pipeline actions: a real {pipe.label(plan)} step on all {len(cluster.devices)} devices")
-            m, real = robust_step_s(plan, cluster=cluster, workload=workload, ref_probe_s=profile_ref(
-                profiles.models.values()), steps=PIPELINE_STEPS, say=say, repeats=repeats)
+            m, real = robust_step_s(plan, cluster=cluster, workload=workload, ref_probe_s=ref_probe_s,
+                                    steps=PIPELINE_STEPS, say=say, repeats=repeats)
             if real is None:
                 say(f"pipeline calibration run failed ({m.status})")
                 continue
