@@ -164,7 +164,7 @@ def step_elements(cost: CostModel, lanes: Sequence[Lane], n_stages: int, precisi
                     + 2 * action_term(cost, schedule, lane.micro, m * v, precision))  # F and B
             link = 0.0
             if s + 1 < n_stages and lane.stage_devices[s + 1] != d:
-                nbytes = cost.blocks()[hi - 1].out_bytes_per_sample * lane.micro
+                nbytes = cost.blocks()[hi - 1].boundary_bytes_per_sample(precision) * lane.micro
                 link = 2 * cost.p2p_s(nbytes, d, lane.stage_devices[s + 1])
             a = c + link + (tail_s(s, lo, hi, d) if tail_s is not None else 0.0)
             a_max = max(a_max, a)

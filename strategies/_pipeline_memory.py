@@ -107,8 +107,8 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
         # stage) and, past the first stage, the parameter groups' captured activation gradients and
         # the input's gradient that stage_backward_input leaves on the input (`inp.grad`).  The
         # retained graph itself is in `kept`.
-        out_b[s] = float(blocks[hi - 1].out_bytes_per_sample * micro) if hi < boundaries[-1] else 0.0
-        in_b[s] = float(blocks[lo - 1].out_bytes_per_sample * micro) if s > 0 else 0.0
+        out_b[s] = blocks[hi - 1].boundary_bytes_per_sample(precision) * micro if hi < boundaries[-1] else 0.0
+        in_b[s] = blocks[lo - 1].boundary_bytes_per_sample(precision) * micro if s > 0 else 0.0
         pending[s] = out_b[s] + (sum(g_s) + in_b[s] if s > 0 else 0.0)
     # The calibrated temporaries of a whole model's backward include the gradient of its largest
     # parameter before accumulation: a stage's backward has its own largest instead, and an input

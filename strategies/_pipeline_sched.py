@@ -317,7 +317,7 @@ class _TaskSpecs:
                       + self.extra)
             self._spec(("F", s, j), res, TaskKind.FORWARD, dur, (self._act_ready(s, j),) if s > 0 else (), lbl)
             if s + 1 < self.n_stages and dev_of[s + 1] != d:
-                nbytes = cost.blocks()[hi - 1].out_bytes_per_sample * micro
+                nbytes = cost.blocks()[hi - 1].boundary_bytes_per_sample(precision) * micro
                 self._spec(("xf", s, j), Resource.link(d, dev_of[s + 1]), TaskKind.P2P,
                            cost.p2p_s(nbytes, d, dev_of[s + 1]), (("F", s, j),), f"{tag}act {s}->{s + 1} mb{j}")
         elif a.kind in ("B", "I"):
@@ -327,7 +327,7 @@ class _TaskSpecs:
             deps = (("F", s, j),) + ((self._grad_ready(s, j),) if s + 1 < self.n_stages else ())
             self._spec(("I", s, j), res, TaskKind.BACKWARD, dur, deps, lbl)
             if s > 0 and dev_of[s - 1] != d:
-                nbytes = cost.blocks()[lo - 1].out_bytes_per_sample * micro
+                nbytes = cost.blocks()[lo - 1].boundary_bytes_per_sample(precision) * micro
                 self._spec(("xb", s, j), Resource.link(d, dev_of[s - 1]), TaskKind.P2P,
                            cost.p2p_s(nbytes, d, dev_of[s - 1]), (("I", s, j),), f"{tag}grad {s}->{s - 1} mb{j}")
         else:  # W

@@ -476,7 +476,8 @@ class CostModel:
         for k in range(lo, hi):
             b = self.base_profile.blocks[k]
             if k < checkpoint_upto:
-                prev = self.base_profile.blocks[k - 1].out_bytes_per_sample if k > 0 else self.base_profile.input_bytes_per_sample
+                blocks = self.base_profile.blocks
+                prev = blocks[k - 1].boundary_bytes_per_sample(key) if k > 0 else self.base_profile.input_bytes_per_sample
                 total += prev * mb
             else:
                 total += b.act_bytes[key](mb)

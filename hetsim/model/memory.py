@@ -177,7 +177,7 @@ def _block_activations(cost: CostModel, mb: float, precision: str, ckpt: int) ->
     n = len(blocks)
     key = precision if precision in blocks[0].act_bytes else "fp32"
     act = [b.act_bytes[key](mb) for b in blocks]
-    inp = [prof.input_bytes_per_sample * mb] + [blocks[k - 1].out_bytes_per_sample * mb for k in range(1, n)]
+    inp = [prof.input_bytes_per_sample * mb] + [blocks[k - 1].boundary_bytes_per_sample(key) * mb for k in range(1, n)]
     # Boundary tensors saved by both neighbours (a block's output that the next block saves as its
     # input) are one storage: the calibrated whole-model total says how much the per-block sum
     # over-counts; it is spread over the boundaries in proportion to their size.  What the boundaries

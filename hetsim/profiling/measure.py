@@ -273,7 +273,7 @@ def profile_model(
                 for full, p, mb in m.fulls]
     by_mb = [[m.at(full, p) for full, p, j in m.fulls if j == mb] for mb in micro_batches]
     spreads = [rel_mad(ts) for ts in by_mb if len(ts) > 1]
-    bps = _block_profiles(m, micro_batches, timed)
+    bps = _block_profiles(m, micro_batches, timed, _out_itemsizes(m, model, timed))
     opt_fits = _optimizer_fits(model, device, reps, m.probe, m.ref)
     host_fits: dict[str, Fit] = {}
     if device.type != "cpu":  # CPU offload steps the optimizer on the host: measured there too
@@ -398,7 +398,25 @@ def _measure_block(m: _Measured, k: int, h: torch.Tensor, y: torch.Tensor, prec:
     return nxt
 
 
-def _block_profiles(m: _Measured, micro_batches: tuple[int, ...], precisions: tuple[str, ...]) -> list[BlockProfile]:
+def _out_itemsizes(m: _Measured, model: nn.Module, precisions: tuple[str, ...]) -> dict[str, list[int]]:
+    """Per precision, the element size of each block's output with the blocks chained as in training
+    under that precision's autocast.  The timings feed every block an fp32 input, whose residual add
+    would promote a bf16 block's output to fp32; inside the model a conv net's blocks pass bf16 on."""
+    x, _ = m.workload.make_batch(2, 123)
+    sizes = {}
+    with torch.no_grad():
+        for prec in precisions:
+            h, row = x.to(m.device), []
+            with autocast(m.device, prec):
+                for _, blk in m.blocks:
+                    h = blk(h)
+                    row.append(h.element_size() if h.is_floating_point() else 4)
+            sizes[prec] = row
+    return sizes
+
+
+def _block_profiles(m: _Measured, micro_batches: tuple[int, ...], precisions: tuple[str, ...],
+                    out_itemsize: dict[str, list[int]]) -> list[BlockProfile]:
     """Each block's sizes, its timings through the measured points (`Fit.measured`) and its activation
     bytes fitted linearly in the micro-batch."""
     bps = []
@@ -424,6 +442,7 @@ def _block_profiles(m: _Measured, micro_batches: tuple[int, ...], precisions: tu
                 param_numels=tuple(p.numel() for p in blk.parameters()),
                 scalar_params=sum(p.dim() == 0 for p in blk.parameters()),
                 split_grad_bytes_per_sample={p: m.split_grads[p][k] for p in precisions},
+                out_itemsize={p: out_itemsize[p][k] for p in precisions},
             )
         )
     return bps

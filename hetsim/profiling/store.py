@@ -39,7 +39,8 @@ class BlockProfile:
     act_bytes: dict[str, Fit]
     """Activation bytes saved for backward, per precision, as a function of micro-batch."""
     out_bytes_per_sample: int
-    """Bytes of the block's output per sample (fp32): a pipeline send, a checkpoint's kept input."""
+    """Bytes of the block's output per sample, counted in fp32 (4 bytes an element): a pipeline send, a
+    checkpoint's kept input.  Under a low precision, `boundary_bytes_per_sample`."""
     flops_per_sample: float
     param_numels: tuple[int, ...] = ()
     """Elements of each parameter, in model order (ZeroRedundancyOptimizer partitions whole parameters)."""
@@ -52,6 +53,16 @@ class BlockProfile:
     group, the gradient reaching the graph node where the group meets the input path), per sample:
     the activation gradients inside the block, which any backward of the block creates (counted for the
     first block too, as if its input needed a gradient).  Empty in profiles before this field: 0."""
+    out_itemsize: dict[str, int] = field(default_factory=dict)
+    """Per precision: bytes of one element of the block's output when the whole model runs under that
+    precision's autocast.  A conv net's stages hand bf16 tensors on (convolution, norm, ReLU and residual
+    add all stay bf16 on a CPU), a transformer's residual stream stays fp32.  Empty in profiles before
+    this field: 4."""
+
+    def boundary_bytes_per_sample(self, precision: str) -> float:
+        """Bytes of the block's output per sample under `precision`: what a pipeline stage sends on,
+        keeps until its step ends, or a checkpointed next block keeps."""
+        return self.out_bytes_per_sample * self.out_itemsize.get(precision, 4) / 4
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
