@@ -472,15 +472,14 @@ class CostModel:
         if mb <= 0:
             return 0
         total = 0.0
-        key = precision if precision in self.base_profile.blocks[0].act_bytes else "fp32"
+        blocks = self.base_profile.blocks
+        key = precision if precision in blocks[0].act_bytes else "fp32"
         for k in range(lo, hi):
-            b = self.base_profile.blocks[k]
             if k < checkpoint_upto:
-                blocks = self.base_profile.blocks
                 prev = blocks[k - 1].boundary_bytes_per_sample(key) if k > 0 else self.base_profile.input_bytes_per_sample
                 total += prev * mb
             else:
-                total += b.act_bytes[key](mb)
+                total += blocks[k].act_bytes[key](mb)
         return int(total)
 
     def recompute_s(self, dev: int, lo: int, hi: int, mb: float, precision: str, checkpoint_upto: int) -> float:
