@@ -7,6 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+REAL_DROP = 0.15
+"""A measured time that falls by more than this fraction from one batch size to the next is a real
+drop, not timing noise (`Fit.measured`); a point timed as the median of three rounds scatters by a
+few percent here."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Fit:
@@ -16,8 +21,8 @@ class Fit:
     intercept: float
     slope: float
     knots: tuple[tuple[float, float], ...] = ()
-    """Measured (x, y) points, x ascending and y non-decreasing (`Fit.measured`).  With two or more,
-    y is interpolated between neighbouring points and continued past either end along the end
+    """Measured (x, y) points, x ascending, y non-decreasing but for real drops (`Fit.measured`).
+    With two or more, y is interpolated between neighbouring points and continued past either end along the end
     segment; intercept and slope stay the least-squares line.  Time is not linear in the batch on
     every device: on a CPU a block costs about half as much per sample at 20 samples as at 255 (the
     small batch's tensors stay in cache), so a line through 2..255 over-charges a gradient-cache
@@ -40,9 +45,15 @@ class Fit:
 
     @staticmethod
     def measured(xs: list[float], ys: list[float]) -> Fit:
-        """The least-squares line of `least_squares`, keeping the points as knots: y made
-        non-decreasing in x by pooling adjacent violators (timing noise never makes a larger batch
-        cheaper), points at one x averaged."""
+        """The least-squares line of `least_squares`, keeping the points as knots, points at one x
+        averaged: y made non-decreasing in x by pooling adjacent violators (timing noise never makes a
+        larger batch cheaper), except across a drop of more than `REAL_DROP`, which is kept.
+
+        Why a drop is kept: oneDNN picks its convolution kernels by the batch, and a larger batch can
+        be far cheaper.  resnet50@64 fp32 on an AMD EPYC (torch 2.14, one thread), a training step:
+        0.55 s at 15 samples, 0.28 s at 16; its last three blocks cost more at 8 samples than at 31.
+        Pooling made those blocks flat from 8 to 31, which predicted 16 samples 7 % slow and 10-15
+        (interpolated between 8 and 16) 30-40 % fast."""
         line = Fit.least_squares(xs, ys)
         by_x: dict[float, list[float]] = {}
         for x, y in zip(xs, ys):
@@ -50,8 +61,10 @@ class Fit:
         pts = sorted((x, sum(v) / len(v)) for x, v in by_x.items())
         if len(pts) < 2:
             return line
-        return Fit(intercept=line.intercept, slope=line.slope, knots=tuple(zip((p[0] for p in pts),
-                                                                              _non_decreasing([p[1] for p in pts]))))
+        ys = [p[1] for p in pts]
+        cuts = [0] + [i + 1 for i in range(len(ys) - 1) if ys[i + 1] < ys[i] * (1 - REAL_DROP)] + [len(ys)]
+        kept = [y for a, b in zip(cuts, cuts[1:]) for y in _non_decreasing(ys[a:b])]
+        return Fit(intercept=line.intercept, slope=line.slope, knots=tuple(zip((p[0] for p in pts), kept)))
 
     @staticmethod
     def least_squares(xs: list[float], ys: list[float], nonneg: bool = True) -> Fit:

@@ -214,7 +214,8 @@ def balance_batch(cost: CostModel, devices: tuple[int, ...], global_batch: int, 
             fit_memo[key] = m.total_bytes <= cost.device(d).memory_bytes
         return fit_memo[key]
 
-    return min_max_split(len(devices), global_batch, floor, step_time, fits)
+    monotone = all(cost.monotone_in_batch(d, precision) for d in devices)
+    return min_max_split(len(devices), global_batch, floor, step_time, fits, monotone=monotone)
 
 
 def _data_parallel_step_time(cost: CostModel, devices: tuple[int, ...], accum: int, precision: str,

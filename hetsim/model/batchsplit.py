@@ -14,8 +14,13 @@ def split_evenly(total: int, parts: int) -> list[int]:
     return [base + (1 if j < rem else 0) for j in range(parts)]
 
 
+EXACT_CELLS = 50_000
+"""Largest n x (spare samples + 1)^2 that `min_max_split` searches exactly when times are not monotone
+in the batch (a two-device split of 32 samples: 1,922; beyond it the greedy split stands)."""
+
+
 def min_max_split(n: int, total: int, floor: int, time_of: Callable[[int, int], float],
-                  fits: Callable[[int, int], bool] = lambda i, b: True) -> tuple[int, ...]:
+                  fits: Callable[[int, int], bool] = lambda i, b: True, monotone: bool = True) -> tuple[int, ...]:
     """Exact min-max split of `total` samples over `n` workers, each at least `floor`: each next
     sample goes to the worker that would finish it soonest (`time_of(i, b)`: worker i's time with
     b samples, non-decreasing in b, so the greedy is optimal for the slowest worker).  Workers whose
@@ -25,6 +30,10 @@ def min_max_split(n: int, total: int, floor: int, time_of: Callable[[int, int], 
     A heap of (time with one more sample, position) keeps the greedy at O(total log n) time
     evaluations; ties go to the lowest position, as a linear scan would.  A worker that cannot fit
     one more sample never can later (its share no longer changes), so it leaves the heap for good.
+
+    `monotone=False` (a worker's time falls somewhere as its batch grows, `Fit.measured`): the greedy
+    would stop short of the cheaper larger batch, so a small enough split (`EXACT_CELLS`) is searched
+    exactly (`_exact_split`) and the better of the two kept.
     """
     extra = total - floor * n
     for respect_memory in (True, False):
@@ -41,4 +50,34 @@ def min_max_split(n: int, total: int, floor: int, time_of: Callable[[int, int], 
             heapq.heappush(heap, (time_of(i, local[i] + 1), i))
         if placed == extra:
             break
-    return tuple(local)
+    if monotone or n * (extra + 1) ** 2 > EXACT_CELLS:
+        return tuple(local)
+    exact = _exact_split(n, extra, floor, time_of, fits)
+
+    def slowest(split) -> float:
+        return max(time_of(i, b) for i, b in enumerate(split))
+
+    return exact if exact is not None and slowest(exact) < slowest(local) else tuple(local)
+
+
+def _exact_split(n: int, extra: int, floor: int, time_of: Callable[[int, int], float],
+                 fits: Callable[[int, int], bool]) -> tuple[int, ...] | None:
+    """The min-max split by dynamic programming over the workers (every share of the `extra` samples
+    beyond `floor` each), for times of any shape; memory as in `min_max_split`."""
+    for respect_memory in (True, False):
+        best: dict[int, tuple[float, tuple[int, ...]]] = {0: (0.0, ())}
+        for i in range(n):
+            opts = [(b, time_of(i, floor + b)) for b in range(extra + 1)
+                    if b == 0 or not respect_memory or fits(i, floor + b)]
+            nxt: dict[int, tuple[float, tuple[int, ...]]] = {}
+            for s, (t, shares) in best.items():
+                for b, tb in opts:
+                    if s + b > extra:
+                        break
+                    cand = max(t, tb)
+                    if s + b not in nxt or cand < nxt[s + b][0]:
+                        nxt[s + b] = (cand, shares + (floor + b,))
+            best = nxt
+        if extra in best:
+            return best[extra][1]
+    return None

@@ -227,6 +227,18 @@ class CostModel:
 
         return mult * f * sum(fit(b.timing[key])(mb) for b in prof.blocks[lo:hi])
 
+    def monotone_in_batch(self, dev: int, precision: str = "fp32") -> bool:
+        """Whether every block's time on this device never falls as the micro-batch grows (a profile
+        keeps a real drop, `Fit.measured`; `hetsim.model.batchsplit.min_max_split` then searches)."""
+        dev = self.klass[dev]
+
+        def check() -> bool:
+            key, _ = self.precision_factor(dev, precision)
+            fits = [f for b in self._scale[dev][0].blocks for f in (b.timing[key].fwd_s, b.timing[key].bwd_s)]
+            return all(y1 >= y0 for f in fits for (_, y0), (_, y1) in zip(f.knots, f.knots[1:]))
+
+        return self.memo(("monotone", dev, precision), check)
+
     def overhead_s(self, dev: int, mb: float = 0.0, grad_cache: bool = False, precision: str = "fp32") -> float:
         """Per-micro-step time outside the blocks, calibrated against real executor steps (in
         `precision` where its own single-device residual was measured).  With

@@ -25,7 +25,7 @@ from hetsim.types import Fit
 from hetsim.workloads.builtin import PROFILED_OPTIMIZERS, Workload, make_optimizer
 from hetsim.workloads.precision import autocast
 
-FORMAT = "7"
+FORMAT = "8"
 """Part of every profile's fingerprint: bump it when a measured field changes meaning (what is timed,
 how, in which unit), so that recorded profiles are measured again.  A new field with a default needs
 no bump unless a profile without it would be used wrongly.  2: the memory calibration on GPUs no
@@ -41,7 +41,8 @@ record the activation gradients a zero-bubble schedule keeps between a stage's i
 Every point is timed in interleaved rounds and `ModelProfile.timing_spread` is the whole model's spread
 across them (before: across three timings in a row, which missed the host's slow phases).  7: a warm-up
 round is timed first and dropped (`_Measured.forget_warm_up`): single blocks read up to 4.5x their
-training-step time in it."""
+training-step time in it.  8: blocks are also timed at sizes where the whole model's time is not linear
+between the requested ones (`_refine_sizes`), and a real drop in time is kept (`Fit.measured`)."""
 
 
 def cpu_name() -> str:
@@ -268,6 +269,8 @@ def profile_model(
                     progress(f"profiling {workload.name} {prec} micro-batch {mb}"
                              + (" (warm-up round)" if r == 0 else f" (round {r}/{rounds})"))
                 _measure_micro_batch(m, model, prec, mb, first=r == 0 and mb == micro_batches[0])
+    m.ref = ref_of(m.probes)  # provisional: `_refine_sizes` compares points at it
+    _refine_sizes(m, model, per_round, tuple(micro_batches), rounds, progress)
     m.ref = ref_of(m.probes)
     overhead = [max(0.0, m.at(full, p) - sum(sum(m.point("fp32", k, mb)[:2]) for k in range(len(blocks))))
                 for full, p, mb in m.fulls]
@@ -297,6 +300,56 @@ def profile_model(
         input_bytes_per_sample=m.input_bytes,
         memory=profile_memory(workload, device, micro_batches, timed),
     )
+
+
+REFINE_TOL = 0.1
+"""A size between two profiled ones is timed as well where the whole model's time there (blocks'
+forward and backward) is off the line between its neighbours by more than this fraction."""
+REFINE_CHECKS = 8
+"""At most this many sizes checked per precision (each check: a warm-up pass and a timed one)."""
+
+
+def _refine_sizes(m: _Measured, model: nn.Module, precisions: tuple[str, ...], sizes: tuple[int, ...], reps: int,
+                  progress: Callable[[str], None] | None) -> None:
+    """Time every block at more micro-batch sizes where time is not linear in the batch: the midpoint
+    of two neighbouring sizes is timed once (after a warm-up pass at that new shape); where the whole
+    model's time there is off the line between them by more than `REFINE_TOL`, it is timed `reps`
+    times like every other point and both halves are checked in turn; else that timing is dropped.
+
+    Why: oneDNN picks its convolution kernels by the batch.  resnet50@64 fp32 (AMD EPYC, torch 2.14,
+    one thread), a training step: 0.32 s at 8 samples, 0.45 at 12, 0.55 at 15 and 0.28 at 16.
+    Profiled at 2, 8, 16 and 31 only, a device given 10 or 12 samples was predicted 30-40 % fast."""
+    for prec in precisions:
+        todo, checks = list(zip(sizes, sizes[1:])), 0
+        while todo and checks < REFINE_CHECKS:
+            a, b = todo.pop(0)
+            mid = (a + b) // 2
+            if mid in (a, b) or mid in m.times[prec][0]:
+                continue
+            checks += 1
+            if progress:
+                progress(f"profiling {m.workload.name} {prec} micro-batch {mid} (is time linear between {a} and {b}?)")
+            _measure_micro_batch(m, model, prec, mid, first=False)  # creates the new shape's kernels
+            _forget_last(m, prec, mid)
+            _measure_micro_batch(m, model, prec, mid, first=False)
+            total = {x: sum(sum(m.point(prec, k, x)[:2]) for k in range(len(m.blocks))) for x in (a, mid, b)}
+            line = total[a] + (total[b] - total[a]) * (mid - a) / (b - a)
+            if abs(total[mid] / line - 1) <= REFINE_TOL:
+                _forget_last(m, prec, mid)
+                continue
+            for _ in range(reps - 1):
+                _measure_micro_batch(m, model, prec, mid, first=False)
+            todo += [(a, mid), (mid, b)]
+
+
+def _forget_last(m: _Measured, prec: str, mb: int) -> None:
+    """Drop the last timing of every block at (prec, mb), and the whole model's if it was timed."""
+    for per_mb in m.times[prec]:
+        per_mb[mb].pop()
+        if not per_mb[mb]:
+            del per_mb[mb]
+    if prec == "fp32" and m.fulls and m.fulls[-1][2] == mb:
+        m.fulls.pop()
 
 
 def _worth_more_rounds(m: _Measured, micro_batches: tuple[int, ...], timed: tuple[str, ...],
@@ -428,14 +481,7 @@ def _block_profiles(m: _Measured, micro_batches: tuple[int, ...], precisions: tu
                 param_count=pc,
                 param_bytes=sum(p.numel() * p.element_size() for p in blk.parameters()),
                 buffer_bytes=sum(b.numel() * b.element_size() for b in blk.buffers()),
-                timing={
-                    p: BlockTiming(
-                        fwd_s=Fit.measured(list(micro_batches), [m.point(p, k, mb)[0] for mb in micro_batches]),
-                        bwd_s=Fit.measured(list(micro_batches), [m.point(p, k, mb)[1] for mb in micro_batches]),
-                        nograd_fwd_s=Fit.measured(list(micro_batches), [m.point(p, k, mb)[2] for mb in micro_batches]),
-                    )
-                    for p in precisions
-                },
+                timing={p: _timing(m, p, k) for p in precisions},
                 act_bytes={p: Fit.least_squares(list(micro_batches), m.acts[p][k]) for p in precisions},
                 out_bytes_per_sample=m.out_bytes[k],
                 flops_per_sample=m.flops[k],
@@ -446,6 +492,14 @@ def _block_profiles(m: _Measured, micro_batches: tuple[int, ...], precisions: tu
             )
         )
     return bps
+
+
+def _timing(m: _Measured, prec: str, k: int) -> BlockTiming:
+    """Block k's timings through every size it was timed at (the profile's and `_refine_sizes`')."""
+    xs = sorted(m.times[prec][k])
+    pts = [m.point(prec, k, x) for x in xs]
+    fwd, bwd, nograd = (Fit.measured(list(xs), [p[i] for p in pts]) for i in range(3))
+    return BlockTiming(fwd_s=fwd, bwd_s=bwd, nograd_fwd_s=nograd)
 
 
 def _optimizer_fits(model: nn.Module, device: torch.device, reps: int, probe: HostProbe | None = None,

@@ -200,12 +200,58 @@ def test_profile_model_times_every_point_in_interleaved_rounds(monkeypatch):
     monkeypatch.setattr(measure, "_measure_micro_batch", spy)
     monkeypatch.setattr(measure, "_times", fake_times)
     monkeypatch.setattr(measure, "HostProbe", FixedProbe)
+    monkeypatch.setattr(measure, "REFINE_CHECKS", 0)  # sizes between these: test_refine_sizes_*
     torch.set_num_threads(1)
     prof = measure.profile_model(load_workload("mlp", 32), "emu-cpu", torch.device("cpu"), (2, 4), ("fp32",))
     assert order == [(0, 2), (0, 4), (1, 4), (1, 2), (2, 2), (2, 4), (3, 4), (3, 2)]
     assert calls and prof.timing_spread == pytest.approx(0.1)
     assert all(b.timing["fp32"].fwd_s(mb) == pytest.approx(0.010) for b in prof.blocks for mb in (2, 4))
-    assert prof.fingerprint["format"] == measure.FORMAT == "7"
+    assert prof.fingerprint["format"] == measure.FORMAT == "8"
+
+
+@pytest.mark.parametrize("cliff, knots", [(None, [2, 16, 31]), (14, [2, 9, 12, 13, 14, 16, 31])])
+def test_refine_sizes_times_more_sizes_only_where_time_is_not_linear(monkeypatch, cliff, knots):
+    """Between two profiled sizes the midpoint is checked; where the whole model is off the line there
+    (here: every block costs 3x per sample below `cliff` samples), it becomes a knot of every block,
+    timed as often as the others, and both halves are checked in turn; a linear midpoint is dropped."""
+    import torch
+
+    from hetsim.profiling import measure
+    from hetsim.workloads.builtin import load_workload
+
+    now, passes = {}, []
+    real = measure._measure_micro_batch
+
+    def spy(m, model, prec, mb, first):
+        now["mb"] = mb
+        if m.round == 3:
+            passes.append(mb)
+        return real(m, model, prec, mb, first)
+
+    def per_sample() -> float:
+        return 0.003 if cliff is not None and now["mb"] < cliff else 0.001
+
+    def fake_times(fn, device, reps, warmup=1):
+        fn()
+        return [per_sample() * now["mb"]] * reps
+
+    class FixedProbe:
+        def __call__(self):
+            return 0.016
+
+    monkeypatch.setattr(measure, "_measure_micro_batch", spy)
+    monkeypatch.setattr(measure, "_times", fake_times)
+    monkeypatch.setattr(measure, "HostProbe", FixedProbe)
+    torch.set_num_threads(1)
+    prof = measure.profile_model(load_workload("mlp", 32), "emu-cpu", torch.device("cpu"), (2, 16, 31), ("fp32",))
+    fwd = prof.blocks[0].timing["fp32"].fwd_s
+    assert [x for x, _ in fwd.knots] == knots
+    for x in knots:
+        now["mb"] = x
+        assert fwd(x) == pytest.approx(per_sample() * x)
+    assert passes.count(23) == 2  # checked (a warm-up pass and a timed one), linear: dropped
+    if cliff is not None:
+        assert passes.count(9) == 1 + 3 and fwd(14) < fwd(13)  # a knot: warm-up, then three rounds
 
 
 @pytest.mark.parametrize("cosine, floor, timed", [(0.19, 0.999, False), (0.97, None, True), (0.19, 0.42, True)])
