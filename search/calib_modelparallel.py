@@ -86,7 +86,7 @@ def preferred_order(cost, **shape):
     return best
 
 
-def calibration_pipeline_plans(cost, global_batch: int, min_micro: int) -> list:
+def calibration_pipeline_plans(cost, global_batch: int, min_micro: int, precision: str = "fp32") -> list:
     """The pipeline runs that calibrate the per-action term: every device in order or in reverse
     (`preferred_order`), one stage each, boundaries solved as the search would; one micro-batch (the
     largest micro-batch, model parallelism), then 1F1B with 2 micro-batches per rank and with one per
@@ -99,13 +99,13 @@ def calibration_pipeline_plans(cost, global_batch: int, min_micro: int) -> list:
     for m in [1] + ([] if cost.facts.batch_coupled else ms[:2]):
         try:
             out.append(preferred_order(cost, schedule="1F1B" if m >= P else "GPipe", microbatches=m,
-                                       batch=global_batch))
+                                       batch=global_batch, precision=precision))
         except InfeasiblePlanError:
             continue
     return out
 
 
-def calibration_multi_stage_plans(cost, global_batch: int, min_micro: int) -> list:
+def calibration_multi_stage_plans(cost, global_batch: int, min_micro: int, precision: str = "fp32") -> list:
     """The runs that calibrate the multi-stage schedules' per-action terms, two per schedule that gives a
     term (`MULTI_TERM_RUN`: Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble) over every device in
     order or in reverse (`preferred_order`), boundaries solved as the search would: two stages per rank
@@ -130,7 +130,7 @@ def calibration_multi_stage_plans(cost, global_batch: int, min_micro: int) -> li
         for v, m in dict.fromkeys([(2, first[0]), (v_most, ms[-1])]):
             try:
                 out.append(preferred_order(cost, schedule=schedule, stages_per_rank=v, microbatches=m,
-                                           batch=global_batch))
+                                           batch=global_batch, precision=precision))
             except InfeasiblePlanError:
                 continue
     return out
@@ -146,8 +146,12 @@ def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: P
     schedules (up to three runs: `calibration_pipeline_plans`), one for each multi-stage schedule that
     gives a term (a run each: `calibration_multi_stage_plans`); each measured once per group.
 
-    Each low precision in `precisions` gets terms of its own, from the same plans run in it
-    (`precision_action_key`): resnet50@64 on the default cluster, a host with AVX-512 bf16, 2026-12-04:
+    Each low precision in `precisions` gets terms of its own, from the same shapes of plan run in it,
+    their boundaries solved in that precision as its searched plans' are (`precision_action_key`).
+    With fp32's boundaries (before 2026-12-05), resnet50@64's bf16 InterleavedZeroBubble term came from
+    a run whose slow device held the last three blocks, read -1.3 ms an action in two main jobs, and
+    the bf16 interleaved pipelines those jobs then picked measured 14-19 % slower than predicted.
+    resnet50@64 on the default cluster, a host with AVX-512 bf16, 2026-12-04:
     with the fp32 terms alone bf16 pipelines measured 27-34 % slower than simulated (1F1B m=2, three
     InterleavedZeroBubble m=2 plans; their fp32 twins +3.2 / -5.7 %), while one-rank bf16 pipelines and
     bf16 data parallelism were within 4 %: two ranks computing in bf16 side by side slow each other
@@ -158,8 +162,8 @@ def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: P
     group = group_key(cluster.devices)
     jobs = []
     for prec in ("fp32", *precisions):
-        def in_prec(plans_for, prec=prec):
-            return lambda cost, gb, mm: [replace(p, precision=prec) for p in plans_for(cost, gb, mm)]
+        def in_prec(plans_for, prec=prec):  # boundaries solved in that precision, as its searched plans are
+            return lambda cost, gb, mm: plans_for(cost, gb, mm, precision=prec)
 
         def by_schedule(plans, prec=prec) -> dict:
             out: dict = {}

@@ -95,6 +95,26 @@ def test_multi_stage_calibration_runs_are_plans_the_search_could_pick():
     assert calibration_multi_stage_plans(synthetic_cost([1.0, 0.5], [1e-3] * 3), 16, 1) == []  # 3 blocks < 4 stages
 
 
+def test_low_precision_calibration_runs_are_solved_in_that_precision():
+    """A bf16 calibration run has the boundaries the bf16 search would give it, not fp32's: here bf16 makes
+    the first four blocks 4x cheaper and leaves the last four as they were, which moves the cut."""
+    cost = synthetic_cost([1.0, 0.5], [1e-3] * 8)
+    model = next(iter(cost.profiles.models.values()))
+    blocks = tuple(replace(b, timing={**b.timing, "bf16": replace(b.timing["fp32"], fwd_s=Fit(
+        intercept=0.0, slope=b.timing["fp32"].fwd_s.slope / (4 if k < 4 else 1)), bwd_s=Fit(
+        intercept=0.0, slope=b.timing["fp32"].bwd_s.slope / (4 if k < 4 else 1)))},
+        act_bytes={**b.act_bytes, "bf16": b.act_bytes["fp32"]}) for k, b in enumerate(model.blocks))
+    cost = CostModel(cost.cluster, replace(cost.profiles, models={"emu-cpu": replace(model, blocks=blocks)}), "adamw")
+    for plans_for in (calibration_pipeline_plans, calibration_multi_stage_plans):
+        fp32, bf16 = plans_for(cost, 16, 1), plans_for(cost, 16, 1, precision="bf16")
+        assert len(fp32) == len(bf16) and all(p.precision == "bf16" for p in bf16)
+        for b in bf16:
+            same_shape = dict(schedule=b.schedule, stages_per_rank=b.stages_per_rank, microbatches=b.microbatches,
+                              batch=16, precision="bf16")
+            assert b == PIPE.solve(cost, b.devices, **same_shape)
+        assert any(a.boundaries != b.boundaries for a, b in zip(fp32, bf16))
+
+
 def test_fitted_residual_reproduces_both_calibration_runs():
     cost = synthetic_cost([1.0, 0.5], [1e-3] * 4, p2p_s_per_byte=1e-8)
     truth = (0.004, 0.0005)
