@@ -6,7 +6,8 @@ single calls.  A cut may go before each such block (its first call, or the first
 a ModuleDict layer) and after the last one, and is kept only where exactly one value flows across
 it (a residual or a second input that jumps over the cut forbids it).  Blocks that share a
 parameter (tied weights) are merged, with everything between them, so tied parameters stay on one
-stage.  The chain is checked against the module's own output on an example batch.  A run that
+stage.  A block with no trainable parameters joins its neighbour (a stage of it alone
+would have nothing to train).  The chain is checked against the module's own output on an example batch.  A run that
 cannot be cut so (inside a torch.nn module whose forward fx cannot trace, such as
 nn.TransformerEncoder) leaves the top-level children to cut between; whatever cannot be split
 either way runs as one block (data parallel and ZeRO only), with a note saying which module and
@@ -136,6 +137,19 @@ def _merge_tied(bounds: list[int], blocks: list[fx.GraphModule]) -> list[int]:
     return [b for j, b in enumerate(bounds) if j not in drop]
 
 
+def _merge_parameterless(bounds: list[int], blocks: list[fx.GraphModule]) -> tuple[list[int], fx.GraphModule | None]:
+    """Drop the cut that leaves a block without trainable parameters on its own (an output's transpose
+    after the last layer): it joins the block before it, the first block the one after it.  A pipeline
+    stage holding only such a block would have nothing to train, and torch's optimizers refuse an empty
+    parameter list.  One block at a time (with the block that joined); the bounds unchanged, and None,
+    when every block trains something."""
+    for k, b in enumerate(blocks):
+        if len(blocks) > 1 and not any(p.requires_grad for p in b.parameters()):
+            j = k if k > 0 else 1  # the cut before block j is bounds[j]
+            return bounds[:j] + bounds[j + 1:], b
+    return bounds, None
+
+
 def split_module(module: nn.Module, example: torch.Tensor, name: str) -> Split:
     """Blocks of `module` for one input tensor `example` (see the module docstring): at its longest
     run of repeated child blocks, else between its top-level children."""
@@ -170,19 +184,29 @@ def _split_at(module: nn.Module, example: torch.Tensor, name: str, leaves: set[s
                "a second input jumps over it)")
         return _fallback(whole, name, why)
     bounds = [0] + valid + [len(nodes)]
+    tied, idle = False, []
     for _ in range(len(bounds)):  # merging can make new shared parameters adjacent: repeat until stable
         segs = [_segment(module, graph, nodes, a, b) for a, b in zip(bounds, bounds[1:])]
         merged = _merge_tied(bounds, segs)
+        tied = tied or merged != bounds
+        if merged == bounds:
+            merged, joined = _merge_parameterless(bounds, segs)
+            idle += [_ops(joined)] if joined is not None else []
         if merged == bounds:
             break
         bounds = merged
     notes = []
     if len(segs) == 1:
+        if idle and not tied:
+            return _fallback(whole, name, "only one of its parts holds trainable parameters")
         return _fallback(whole, name, "parameters shared by its first and last parts (tied weights) would be "
                                       "cut apart by every split", "to pipeline it, untie them (give the output "
                                       "projection its own weight)")
-    if len(bounds) - 1 < len(valid) + 1:
+    if tied:
         notes.append(f"{name}: blocks sharing parameters (tied weights) were kept on one stage")
+    if idle:
+        notes.append(f"{name}: {'; '.join(idle)}: no trainable parameters, so joined to the neighbouring block (a "
+                     "pipeline stage of that alone would have nothing to train)")
     problem = _check_chain(module, segs, example)
     if problem:
         return _fallback(whole, name, problem)
@@ -223,6 +247,14 @@ def _block_name(seg: fx.GraphModule, k: int) -> str:
     calls = [n.target for n in seg.graph.nodes if n.op == "call_module"]
     label = calls[0].replace(".", "_") if len(calls) == 1 else f"part{k}"
     return f"{k}_{label}"
+
+
+def _ops(seg: fx.GraphModule, most: int = 3) -> str:
+    """The operations of a block, for a message: 'the part (transpose)'."""
+    ops = [n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
+           for n in seg.graph.nodes if n.op in ("call_function", "call_method", "call_module")
+           and n.target is not own_storage]
+    return f"the part ({', '.join(ops[:most])}{', ...' if len(ops) > most else ''})"
 
 
 def _check_chain(module: nn.Module, segs: list[fx.GraphModule], example: torch.Tensor) -> str | None:

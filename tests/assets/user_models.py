@@ -199,3 +199,26 @@ def scalar_out():
         return torch.randn(n, 12), torch.zeros(n, dtype=torch.long)
 
     return UserModel(module=Net(), make_batch=make, loss=lambda out, y: F.cross_entropy(out[0], y) + out[1])
+
+
+class Tagger(nn.Module):
+    """A per-position tagger whose forward starts and ends with parts that hold no parameters (a flip of
+    its input, the class dimension moved second for cross_entropy): each joins its neighbour."""
+
+    def __init__(self, d: int = 4, tags: int = 5):
+        super().__init__()
+        self.inp = nn.Linear(d, 8)
+        self.mid = nn.Linear(8, 8)
+        self.head = nn.Linear(8, tags)
+
+    def forward(self, x):
+        h = torch.relu(self.inp(x.flip(1)))
+        return self.head(torch.relu(self.mid(h))).transpose(1, 2)
+
+
+def tagger():
+    def make(n, seed):
+        g = torch.Generator().manual_seed(seed)
+        return torch.randn(n, 6, 4, generator=g), torch.randint(0, 5, (n, 6), generator=g)
+
+    return UserModel(module=Tagger(), make_batch=make, loss=nn.CrossEntropyLoss())

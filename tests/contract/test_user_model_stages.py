@@ -46,3 +46,15 @@ def test_a_dict_output_trains_the_full_batch_gradient(family, tmp_path, monkeypa
     plan = (PipelinePlan(devices=(0, 1), boundaries=(0, 2, 4), schedule="1F1B", microbatches=2, batch=8)
             if family == "pipeline" else DDPPlan(devices=(0, 1), local_batch=(5, 3)))
     check_real_run_gradient(strategies.get(family), plan, cost, spec, tmp_path)
+
+
+@pytest.mark.slow
+def test_a_last_stage_that_ends_without_parameters_trains(tmp_path, monkeypatch):
+    """user_models:tagger's transpose after its head joined the head's block, so a stage of the head alone
+    has parameters to train and its gradient equals the full-batch one."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ASSETS), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.syspath_prepend(str(ASSETS))
+    spec = "user_models:tagger"
+    cost = structural_cost(spec)
+    plan = PipelinePlan(devices=(0, 1), boundaries=(0, 2, 3), schedule="1F1B", microbatches=2, batch=8)
+    check_real_run_gradient(strategies.get("pipeline"), plan, cost, spec, tmp_path)

@@ -105,6 +105,17 @@ def test_user_models_are_split_and_compute_what_they_did(fn, blocks):
     _full_vs_blocks(wl)
 
 
+def test_parts_without_parameters_join_a_neighbouring_block():
+    """user_models:tagger flips its input before its first layer and transposes its output after its head:
+    cut alone, either would be a block with nothing to train, and a pipeline stage of it alone failed in
+    torch's optimizer ('optimizer got an empty parameter list')."""
+    wl = load_workload("user_models:tagger")
+    assert wl.block_names() == ["0_inp", "1_mid", "2_head"]
+    assert all(any(p.requires_grad for p in b.parameters()) for b in wl.model())
+    assert len(wl.notes) == 1 and "(flip)" in wl.notes[0] and "(transpose)" in wl.notes[0]
+    _full_vs_blocks(wl)
+
+
 def test_user_model_loss_is_the_batch_mean_times_the_batch():
     wl = load_workload("user_models:list_mlp")
     model = wl.model()
