@@ -171,7 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=text_value("--out"), default=str(DEFAULT_OUT),
                    help="output folder: the profiles cache, the study database, real-run logs and reports "
                         "(default: %(default)s, ignored by git; never results/, whose recordings runs only read)")
-    p.add_argument("--no-execute", action="store_true", help="simulate and search only")
+    p.add_argument("--no-execute", action="store_true", help="profile, simulate and search only: no calibration runs (terms already recorded under --out are "
+                        "used) and no real runs of plans")
     p.add_argument("--seed", type=whole_number("--seed"), default=0)
     p.add_argument("--reprofile", action="store_true", help="measure profiles again even if recorded ones match")
     p.add_argument("--precisions", type=text_value("--precisions"), default=None, help="comma-separated from fp32,bf16,fp16 (default: fp32,bf16)")
@@ -359,10 +360,13 @@ def _workload(args, cluster, console):
         raise ConfigError(f"--seq-len {args.seq_len} does not apply to --model {model} (sequence models: "
                           f"{', '.join(sorted(SEQUENCE_MODELS))}, hf:NAME); drop --seq-len")
     size = args.image_size
-    if size is not None and not external and model not in IMAGE_MODELS:
-        raise ConfigError(f"--image-size {size} does not apply to --model {model} (not an image model; image "
-                          f"models: {', '.join(sorted(IMAGE_MODELS))}); drop --image-size")
-    if size is None and not external:
+    timm = model.startswith("timm:")
+    if size is not None and not timm and (external or model not in IMAGE_MODELS):
+        why = ("a Hugging Face language model" if model.startswith("hf:") else "its inputs come from its own batch "
+               "maker") if external else "not an image model"
+        raise ConfigError(f"--image-size {size} does not apply to --model {model} ({why}; image models: "
+                          f"{', '.join(sorted(IMAGE_MODELS))}, timm:NAME); drop --image-size")
+    if size is None and (timm or not external):
         size = default_image_size(model, cluster.source != "cuda")
         if size:
             console.print(f"image size {size} px (default for this cluster; set --image-size to change)")

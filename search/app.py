@@ -1,4 +1,5 @@
-"""The main job as its own outline: cluster -> profiles -> calibration -> search -> real runs -> report."""
+"""The main job as its own outline: cluster -> profiles -> calibration -> search -> real runs -> report
+(--no-execute: no calibration runs and no real runs)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from hetsim.reporting.console import report_step
 
 from .export import export_plans
 from .options import Options
-from .outcome import Shortlist, report_data, shortlist
+from .outcome import UNCALIBRATED, Shortlist, report_data, shortlist
 from .realruns import real_runs_step
 from .study import open_study, search_step
 
@@ -30,7 +31,10 @@ def main_job(opts: Options, console: Console, stop: StopFlag) -> int:
     anything is measured.  The study opens first, so that a bad --storage fails before profiling."""
     study = open_study(opts.study, opts.storage, opts.seed)
     profiles = profiles_step(opts.cluster, opts.workload, opts.profiling, say=progress(console))
-    profiles = calibrate(opts.cluster, opts.workload, profiles, opts.profiling, say=progress(console))
+    if opts.execute:
+        profiles = calibrate(opts.cluster, opts.workload, profiles, opts.profiling, say=progress(console))
+    elif opts.cluster.calibrated:
+        progress(console)(UNCALIBRATED)
     ctx = search_context(opts, profiles)
     found = search_step(study, ctx, list(opts.strategies), opts.trials, console, stop, jobs=opts.jobs, seed=opts.seed,
                         trial_delay_s=opts.trial_delay_s)
@@ -48,7 +52,8 @@ def export_step(folder, plans: Shortlist, opts: Options, console: Console) -> No
                              optimizer=opts.workload.optimizer, study=opts.study, launch=opts.launch)
     if launch_sh is not None:
         best = load_plan_file(launch_sh.parent / "best_plan.json").label
-        console.print(escape(f"train with the best measured plan ({best}): bash {launch_sh}  "
+        which = "measured" if any(r.measured is not None and r.measured.timed for r in plans.rows) else "predicted"
+        console.print(escape(f"train with the best {which} plan ({best}): bash {launch_sh}  "
                              f"(plan: {launch_sh.parent}/best_plan.json)"), soft_wrap=True)  # one line, to copy
 
 

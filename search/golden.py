@@ -152,7 +152,7 @@ def recorded_profiles(root: Path, model_spec: str, kind: str = REFERENCE_KIND):
     if missing:
         raise ConfigError(
             f"recorded profile(s) {', '.join(missing)} missing; run `nox -s bench` (it records them) "
-            f"or `python -m hetsim.search --model {model_spec.split('@')[0]} --no-execute`"
+            f"or `python -m hetsim.search --model {model_spec.split('@')[0]} --top-k 1`"
         )
     comm = {c.world_size: c for c in (load(CommProfile, p) for p in comms)}
     return ProfileSet(models={kind: load(ModelProfile, model)}, devices={kind: load(DeviceProfile, device)}, comm=comm)

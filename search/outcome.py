@@ -19,6 +19,11 @@ from .coupled import coupled_notes
 from .options import Options
 from .study import Candidate, infeasible_reasons, searchable, trial_table
 
+UNCALIBRATED = ("no calibration runs with --no-execute: the predictions use the calibration terms already recorded "
+                "under --out/profiles and none for the others (a run without --no-execute measures them: minutes "
+                "of real steps for each family)")
+"""A --no-execute search on a cluster it could run on: said while it runs and in the report."""
+
 
 @dataclass(frozen=True)
 class Shortlist:
@@ -87,6 +92,8 @@ def notes(study: optuna.Study, plans: Shortlist, found: list[Candidate], ctx: Se
         out.append("the uniform data-parallel baseline does not fit: " + "; ".join(plans.baseline.predicted.violations))
     if opts.execute and not opts.cluster.calibrated:
         out.append("catalog cluster: plans were simulated only (nothing to run them on)")
+    if not opts.execute and opts.cluster.calibrated:
+        out.append(UNCALIBRATED)
     out += knob_notes(list(plans.candidates), found, opts, ctx.cost)
     out += coupled_notes(opts.workload.name, [r.plan for r in plans.candidates], ctx.cost, opts.global_batch)
     if any(report.host_speed(r) is not None for r in plans.rows):

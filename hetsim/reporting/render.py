@@ -90,6 +90,8 @@ def accuracy_line(s: dict) -> str:
     a = s["accuracy"]
     oom = (f"out-of-memory among {a.get('executed', a['executed_ok'])} executed plans predicted to fit: "
            f"{a['oom_predicted_to_fit']}.")
+    if not a.get("executed", 1):
+        return f"Accuracy of this run: no plan was executed (predictions only: --no-execute or a catalog cluster); {oom}"
     if not a["executed_ok"]:
         return f"Accuracy of this run: no candidate was executed successfully; {oom}"
     return (f"Accuracy of this run: step-time MAPE {a['step_time_mape'] * 100:.1f}% (max {a['step_time_max_err'] * 100:.1f}%) "

@@ -22,7 +22,7 @@ from hetsim.workloads.base import (  # noqa: F401 (re-exported)
     min_samples_per_micro_batch,
 )
 from hetsim.workloads.contrastive import clip, simclr
-from hetsim.workloads.ecosystem import ecosystem_workload
+from hetsim.workloads.ecosystem import TIMM_EMULATED_IMAGE_SIZE, ecosystem_workload
 from hetsim.workloads.transformer import BERT_PRESETS, GPT_PRESETS, bert_workload, gpt_workload
 from hetsim.workloads.usermodel import load_user
 from hetsim.workloads.vit import VIT_PRESETS, vit_workload
@@ -160,6 +160,8 @@ def default_size(model: str, cluster_source: str) -> tuple[str | None, int | Non
 
 
 def default_image_size(model: str, emulated: bool) -> int | None:
+    if model.startswith("timm:"):  # the model's own size on GPUs; `timm:NAME@SIZE` states its own
+        return TIMM_EMULATED_IMAGE_SIZE if emulated and "@" not in model else None
     if model not in IMAGE_MODELS:
         return None
     if model == "gn_resnet":

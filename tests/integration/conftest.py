@@ -11,9 +11,10 @@ from clitools import TINY, run_cli
 
 @pytest.fixture(scope="session")
 def tiny_profiles(tmp_path_factory) -> Path:
-    """Profiles of TINY, measured once (about a minute on two cores)."""
+    """Profiles of TINY with their calibration terms, measured once (about a minute on two cores): a search
+    that executes (--no-execute would skip calibration), its one candidate and the baseline run once."""
     out = tmp_path_factory.mktemp("tiny-profiles")
-    p = run_cli(*TINY, "--trials", "1", "--no-execute", "--out", str(out))
+    p = run_cli(*TINY, "--trials", "1", "--top-k", "1", "--out", str(out))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return out / "profiles"
 

@@ -184,6 +184,10 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("hf-bad-override", ["--model", "hf:gpt2?layers=0"], ["layers=0", "KEY=N"]),
     ("model-too-large", ["--model", "hf:llama?layers=400&hidden=16384&heads=128&intermediate=53248"],
      ["hf:llama", "more than all 2 devices", "this host"]),
+    ("image-size-not-image-model", ["--model", "hf:gpt2", "--image-size", "64"],
+     ["--image-size 64", "hf:gpt2", "timm:NAME", "drop --image-size"]),
+    ("image-size-user-model", ["--model", "user_models:tagger", "--image-size", "64"],
+     ["--image-size 64", "user_models:tagger", "own batch maker", "drop --image-size"]),
 ]
 
 

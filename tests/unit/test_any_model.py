@@ -300,3 +300,38 @@ def test_zero_stages_that_use_fully_shard_refuse_a_parameter_with_no_dimension()
     # calibration skips those stages instead of stopping the search
     assert uniform_plan(zero, cost, 8, 3) is None and uniform_plan(zero, cost, 8, 2) is None
     assert uniform_plan(zero, cost, 8, 1) is not None
+
+
+@pytest.mark.parametrize("name, own_size", [("vit_tiny_patch16_224", False), ("resnet18", True)])
+def test_timm_models_take_the_image_size_and_workers_rebuild_them_from_the_spec(name, own_size):
+    """`timm:NAME` at --image-size: a ViT is built for it (`img_size=`), a ResNet (no such argument)
+    just takes it.  The spec states the size, so a worker's rebuild from it has the same blocks and
+    weights, and the blocks in a chain compute the model."""
+    pytest.importorskip("timm")
+    wl = load_workload(f"timm:{name}", image_size=32)
+    assert wl.spec == f"timm:{name}@32" and wl.image_size == 32 and "32x32 px" in wl.about
+    x, y = wl.make_batch(3, 1)
+    assert x.shape == (3, 3, 32, 32) and y.shape == (3,)
+    again = workload_from_spec(wl.spec)
+    a, b = wl.model(), again.model()
+    assert [n for n, _ in a.named_children()] == [n for n, _ in b.named_children()]
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+    assert len(list(a.named_children())) > 2
+    assert wl.has_batchnorm == own_size  # the ResNet has BatchNorm, the ViT LayerNorm
+    import timm
+
+    torch.manual_seed(0)
+    kw = {} if own_size else {"img_size": 32}
+    ref = timm.create_model(name, pretrained=False, **kw).eval()
+    with torch.no_grad():
+        assert torch.allclose(a.eval()(x), ref(x), atol=1e-5)
+
+
+def test_timm_size_that_the_model_cannot_take_is_one_error_with_the_fix():
+    pytest.importorskip("timm")
+    with pytest.raises(ConfigError, match=r"timm:vit_tiny_patch16_224@8.*8x8 input.*--image-size 224"):
+        load_workload("timm:vit_tiny_patch16_224@8")
+    with pytest.raises(ConfigError, match=r"'x64' after '@' is not an image size.*--image-size 64"):
+        load_workload("timm:resnet18@x64")
+    with pytest.raises(ConfigError, match="timm has no model 'resnet19'.*similar"):
+        load_workload("timm:resnet19")
