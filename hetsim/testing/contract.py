@@ -210,7 +210,8 @@ def check_search_space(strategy: Strategy, cost: CostModel, trials: int = 48, se
 
 
 def model_param_names(workload_spec: str) -> set[str]:
-    return {n for n, _ in workload_from_spec(workload_spec).model().named_parameters()}
+    """The parameters a run must give gradients for: the trainable ones (a frozen stem has none)."""
+    return {n for n, p in workload_from_spec(workload_spec).model().named_parameters() if p.requires_grad}
 
 
 def check_real_run_gradient(strategy: Strategy, plan: Plan, cost: CostModel, workload_spec: str,

@@ -222,3 +222,26 @@ def tagger():
         return torch.randn(n, 6, 4, generator=g), torch.randint(0, 5, (n, 6), generator=g)
 
     return UserModel(module=Tagger(), make_batch=make, loss=nn.CrossEntropyLoss())
+
+
+class FrozenStem(nn.Module):
+    """Fine-tuning on a fixed stem: its parameters do not require gradients (a part with nothing to train,
+    joined to the block after it), the blocks after it train."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Linear(6, 8), nn.Tanh())
+        self.stem.requires_grad_(False)
+        self.body = nn.ModuleList([nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(3)])
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.stem(x)
+        for layer in self.body:
+            h = layer(h)
+        return self.head(h)
+
+
+def frozen_stem():
+    g = torch.Generator().manual_seed(0)
+    return FrozenStem(), (torch.randn(32, 6, generator=g), torch.randint(0, 3, (32,), generator=g)), F.cross_entropy

@@ -58,3 +58,27 @@ def test_a_last_stage_that_ends_without_parameters_trains(tmp_path, monkeypatch)
     cost = structural_cost(spec)
     plan = PipelinePlan(devices=(0, 1), boundaries=(0, 2, 3), schedule="1F1B", microbatches=2, batch=8)
     check_real_run_gradient(strategies.get("pipeline"), plan, cost, spec, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["ddp", "zero", "pipeline"])
+def test_a_frozen_stem_trains_the_rest_to_the_full_batch_gradient(family, tmp_path, monkeypatch):
+    """user_models:frozen_stem's stem does not require gradients: uneven data parallelism, ZeRO-3 (FSDP2)
+    and a pipeline whose first stage holds it give the full-batch gradient of every trainable parameter,
+    and the checker asks for no gradient of the frozen ones (it had, until 2026-12-05)."""
+    from strategies.ddp import DDPPlan
+    from strategies.zero import ZeROPlan
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ASSETS), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.syspath_prepend(str(ASSETS))
+    spec = "user_models:frozen_stem"
+    from hetsim.testing.contract import model_param_names
+
+    names = model_param_names(spec)
+    assert names and not any(n.split(".")[1] == "stem" for n in names)  # trainable only
+    cost = structural_cost(spec)
+    plan = {"ddp": DDPPlan(devices=(0, 1), local_batch=(5, 3)),
+            "zero": ZeROPlan(devices=(0, 1), local_batch=(4, 4), zero_stage=3),
+            "pipeline": PipelinePlan(devices=(0, 1), boundaries=(0, 1, 4), schedule="1F1B", microbatches=2,
+                                     batch=8)}[family]
+    check_real_run_gradient(strategies.get(family), plan, cost, spec, tmp_path)
