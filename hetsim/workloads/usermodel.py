@@ -159,7 +159,10 @@ def _check(spec: str, module: nn.Module, make: Callable[[int, int], Batch], mean
         raise ConfigError(f"--model {spec!r}: make_batch(2, 0) raised {type(e).__name__}: {e}; fix the batch maker") from None
     if not (isinstance(batch, tuple) and len(batch) == 2 and all(isinstance(t, torch.Tensor) for t in batch)):
         raise ConfigError(f"--model {spec!r}: make_batch(n, seed) must return (inputs, targets), two tensors; it "
-                          f"returned {type(batch).__name__}")
+                          f"returned {_shape_of(batch)}" + (
+                              "; hetsim feeds a model one input tensor: stack several inputs into one along "
+                              "dimension 1 and split them in forward (targets likewise)"
+                              if isinstance(batch, tuple | list) and len(batch) == 2 else ""))
     x, y = batch
     if x.shape[:1] != (2,) or y.shape[:1] != (2,):
         raise ConfigError(f"--model {spec!r}: make_batch(2, 0) returned inputs {tuple(x.shape)} and targets "
@@ -207,3 +210,10 @@ def load_user(spec: str) -> Workload:
         got.spec = spec
         return got
     return user_workload(spec, call, as_user_model(got, fn, spec))
+
+
+def _shape_of(obj: object) -> str:
+    """What a batch maker returned, one level deep: 'tuple(tuple(Tensor, Tensor), Tensor)'."""
+    if isinstance(obj, tuple | list):
+        return f"{type(obj).__name__}({', '.join(_shape_of(o) if isinstance(o, tuple | list) else type(o).__name__ for o in obj)})"
+    return type(obj).__name__

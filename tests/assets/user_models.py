@@ -128,6 +128,12 @@ def bad_loss():
                      loss=lambda out, y: F.cross_entropy(out, y, reduction="none"))
 
 
+def two_inputs():
+    """A batch maker that gives two input tensors: refused with the fix (stack them into one)."""
+    return UserModel(module=ListMLP(), make_batch=lambda n, seed: ((torch.randn(n, 12), torch.randn(n, 12)),
+                                                                    torch.zeros(n, dtype=torch.long)))
+
+
 def broken():
     raise RuntimeError("this model fails to build")
 

@@ -244,6 +244,7 @@ def test_a_run_inside_an_untraceable_torch_module_leaves_the_top_level_children(
     ("bad_shapes", "need 2 samples"),
     ("bad_loss", "one number"),
     ("broken", "fails to build"),
+    ("two_inputs", r"returned tuple\(tuple\(Tensor, Tensor\), Tensor\).*stack several inputs into one"),
 ])
 def test_bad_user_models_fail_naming_model_and_rule(fn, rule):
     with pytest.raises(ConfigError, match=rule) as e:
