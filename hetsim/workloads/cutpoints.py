@@ -1,8 +1,8 @@
 """Cut points of a plain nn.Module: split it into a chain of blocks that each take one tensor.
 
 The rule: trace the module's forward with torch.fx, keeping the longest run of repeated child
-blocks (a ModuleList or nn.Sequential of modules of one class; else the top-level children) as
-single calls.  A cut may go before each such block (its first call, or the first call inside it for
+blocks (a ModuleList or nn.Sequential of modules of one class, and any other run as long, such as
+a decoder beside its encoder; else the top-level children) as single calls.  A cut may go before each such block (its first call, or the first call inside it for
 a ModuleDict layer) and after the last one, and is kept only where exactly one value flows across
 it (a residual or a second input that jumps over the cut forbids it).  Blocks that share a
 parameter (tied weights) are merged, with everything between them, so tied parameters stay on one
@@ -31,18 +31,24 @@ class Split:
 
 
 def repeated_run(module: nn.Module) -> tuple[str, list[str]]:
-    """(container path, its child paths) of the longest run of children of one class, or the
-    top-level children ('' , [...]) when no container holds two modules of one class."""
-    best: tuple[str, list[str]] = ("", [n for n, _ in module.named_children()])
-    best_len = 1
+    """(container path, child paths) of the longest run of children of one class, or the top-level
+    children ('' , [...]) when no container holds two modules of one class.  Runs as long as the
+    longest, in other containers not inside it (an autoencoder's encoder and decoder lists), add their
+    children: the path is the first run's."""
+    runs: list[tuple[str, list[str]]] = []
     for path, mod in module.named_modules():
         if not isinstance(mod, (nn.ModuleList, nn.Sequential)):
             continue
         kids = list(mod.named_children())
-        if len(kids) < 2 or len({type(k) for _, k in kids}) != 1 or len(kids) <= best_len:
+        if len(kids) < 2 or len({type(k) for _, k in kids}) != 1:
             continue
-        best, best_len = (path, [f"{path}.{n}" if path else n for n, _ in kids]), len(kids)
-    return best
+        runs.append((path, [f"{path}.{n}" if path else n for n, _ in kids]))
+    if not runs:
+        return "", [n for n, _ in module.named_children()]
+    longest = max(len(r) for _, r in runs)
+    tied = [(p, r) for p, r in runs if len(r) == longest]
+    keep = [(p, r) for p, r in tied if not any(q != p and (not q or p.startswith(q + ".")) for q, _ in tied)]
+    return keep[0][0], [c for _, r in keep for c in r]
 
 
 class _Tracer(fx.Tracer):

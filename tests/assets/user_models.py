@@ -251,3 +251,30 @@ class FrozenStem(nn.Module):
 def frozen_stem():
     g = torch.Generator().manual_seed(0)
     return FrozenStem(), (torch.randn(32, 6, generator=g), torch.randint(0, 3, (32,), generator=g)), F.cross_entropy
+
+
+class AutoEncoder(nn.Module):
+    """An encoder list and a decoder list of equal length, each layer an nn.Sequential of three Linear
+    (a run as long as the lists, nested inside them): cut before every encoder and decoder layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.ModuleList([nn.Sequential(nn.Linear(d, 6), nn.Linear(6, 6), nn.Linear(6, d - 2))
+                                  for d in (16, 14, 12)])
+        self.dec = nn.ModuleList([nn.Sequential(nn.Linear(d, 6), nn.Linear(6, 6), nn.Linear(6, d + 2))
+                                  for d in (10, 12, 14)])
+
+    def forward(self, x):
+        for layer in self.enc:
+            x = torch.tanh(layer(x))
+        for layer in self.dec:
+            x = layer(x)
+        return x
+
+
+def autoencoder():
+    def make(n, seed):
+        x = torch.randn(n, 16, generator=torch.Generator().manual_seed(seed))
+        return x, x.clone()
+
+    return UserModel(module=AutoEncoder(), make_batch=make, loss=nn.MSELoss())

@@ -82,3 +82,17 @@ def test_a_frozen_stem_trains_the_rest_to_the_full_batch_gradient(family, tmp_pa
             "pipeline": PipelinePlan(devices=(0, 1), boundaries=(0, 1, 4), schedule="1F1B", microbatches=2,
                                      batch=8)}[family]
     check_real_run_gradient(strategies.get(family), plan, cost, spec, tmp_path)
+
+
+@pytest.mark.slow
+def test_encoder_and_decoder_stages_match_the_full_batch_gradient(tmp_path, monkeypatch):
+    """user_models:autoencoder cut at its encoder's and its decoder's layers (float targets, MSE): a
+    pipeline of four stages, two on each rank, one cut between encoder and decoder, gives the
+    full-batch gradient."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ASSETS), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.syspath_prepend(str(ASSETS))
+    spec = "user_models:autoencoder"
+    cost = structural_cost(spec)
+    plan = PipelinePlan(devices=(0, 1), boundaries=(0, 2, 3, 5, 6), schedule="Interleaved1F1B", microbatches=2,
+                        batch=8)
+    check_real_run_gradient(strategies.get("pipeline"), plan, cost, spec, tmp_path)

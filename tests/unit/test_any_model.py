@@ -336,3 +336,20 @@ def test_timm_size_that_the_model_cannot_take_is_one_error_with_the_fix():
         load_workload("timm:resnet18@x64")
     with pytest.raises(ConfigError, match="timm has no model 'resnet19'.*similar"):
         load_workload("timm:resnet19")
+
+
+def test_runs_as_long_as_the_longest_are_cut_too_and_nested_ones_are_not():
+    """user_models:autoencoder: the decoder list is as long as the encoder list, so both are cut (the
+    rule had kept the first run only: the three decoder layers were one block); the three-Linear
+    Sequentials inside them are as long, but nested, so nothing cuts inside a layer."""
+    wl = load_workload("user_models:autoencoder")
+    names = [n for n, _ in wl.model().named_children()]
+    assert names == ["0_enc_0", "1_enc_1", "2_enc_2", "3_dec_0", "4_dec_1", "5_dec_2"]
+    from user_models import autoencoder
+
+    x, y = wl.make_batch(4, 2)
+    torch.manual_seed(0)
+    own = autoencoder().module
+    with torch.no_grad():
+        assert torch.allclose(wl.model()(x), own(x), atol=1e-6)
+    assert torch.allclose(wl.loss_sum(wl.model()(x), y), nn.MSELoss()(own(x), y) * 4, atol=1e-5)
