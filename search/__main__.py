@@ -171,8 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=text_value("--out"), default=str(DEFAULT_OUT),
                    help="output folder: the profiles cache, the study database, real-run logs and reports "
                         "(default: %(default)s, ignored by git; never results/, whose recordings runs only read)")
-    p.add_argument("--no-execute", action="store_true", help="profile, simulate and search only: no calibration runs (terms already recorded under --out are "
-                        "used) and no real runs of plans")
+    p.add_argument("--no-execute", action="store_true",
+                   help="profile, simulate and search only: no calibration runs (terms already recorded under "
+                        "--out are used) and no real runs of plans")
     p.add_argument("--seed", type=whole_number("--seed"), default=0)
     p.add_argument("--reprofile", action="store_true", help="measure profiles again even if recorded ones match")
     p.add_argument("--precisions", type=text_value("--precisions"), default=None, help="comma-separated from fp32,bf16,fp16 (default: fp32,bf16)")

@@ -2,8 +2,9 @@
 
 The rule: trace the module's forward with torch.fx, keeping the longest run of repeated child
 blocks (a ModuleList or nn.Sequential of modules of one class, and any other run as long, such as
-a decoder beside its encoder; else the top-level children) as single calls.  A cut may go before each such block (its first call, or the first call inside it for
-a ModuleDict layer) and after the last one, and is kept only where exactly one value flows across
+a decoder beside its encoder; else the top-level children) as single calls.  A cut may go before
+each such block (its first call, or the first call inside it for a ModuleDict layer) and after the
+last one, and is kept only where exactly one value flows across
 it (a residual or a second input that jumps over the cut forbids it).  Blocks that share a
 parameter (tied weights) are merged, with everything between them, so tied parameters stay on one
 stage.  A block with no trainable parameters joins its neighbour (a stage of it alone
