@@ -18,7 +18,7 @@ from hetsim.model.costmodel import CostModel
 from hetsim.profiling.store import ProfileSet
 from hetsim.reporting.console import report_step
 
-from .export import export_plans
+from .export import export_plans, timed_rows
 from .options import Options
 from .outcome import UNCALIBRATED, Shortlist, report_data, shortlist
 from .realruns import real_runs_step
@@ -52,7 +52,7 @@ def export_step(folder, plans: Shortlist, opts: Options, console: Console) -> No
                              optimizer=opts.workload.optimizer, study=opts.study, launch=opts.launch)
     if launch_sh is not None:
         best = load_plan_file(launch_sh.parent / "best_plan.json").label
-        which = "measured" if any(r.measured is not None and r.measured.timed for r in plans.rows) else "predicted"
+        which = "measured" if timed_rows(list(plans.rows)) else "predicted"  # as best_row chose
         console.print(escape(f"train with the best {which} plan ({best}): bash {launch_sh}  "
                              f"(plan: {launch_sh.parent}/best_plan.json)"), soft_wrap=True)  # one line, to copy
 

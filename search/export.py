@@ -32,9 +32,14 @@ def plan_file(row: Row, *, cluster: Cluster, workload: str, optimizer: str, stud
                     ref_probe_s=row.ref_probe_s, study=study)
 
 
+def timed_rows(rows: list[Row]) -> list[Row]:
+    """The rows whose real run gave a step time."""
+    return [r for r in rows if r.measured is not None and r.measured.timed]
+
+
 def best_row(rows: list[Row]) -> Row | None:
     """The best measured plan (at the profiles' host speed), else the best predicted one."""
-    measured = [r for r in rows if r.measured is not None and r.measured.timed]
+    measured = timed_rows(rows)
     if measured:
         return min(measured, key=lambda r: r.measured.step_time_at(r.ref_probe_s) / r.plan.global_batch)
     feasible = [r for r in rows if r.predicted.feasible]
