@@ -10,7 +10,7 @@ import sys
 from hetsim.errors import HetsimError, UnknownNameError, shown
 from hetsim.names import OPTIMIZERS, PRECISIONS, REPEATS
 
-from .options import DEFAULT_OUT
+from .options import DEFAULT_OUT, DEFAULT_PRECISIONS
 
 # Upper bounds of the numeric options, each with its reason (README, "Bad input").  They are
 # checked while parsing, before torch is imported or anything is built, measured or allocated.
@@ -247,7 +247,8 @@ def resolve(args, console):
     if cluster.emulated:
         precisions = tuple(p for p in precisions if p != "fp16") or ("fp32",)  # fp16 autocast is CUDA-only
     storage = _storage(args, out)
-    study = args.study or default_study_name(wl.spec, cluster.spec, args.global_batch, names)
+    study = args.study or default_study_name(wl.spec, cluster.spec, args.global_batch, names, precisions,
+                                             not args.no_checkpointing, args.min_local_batch)
     launch = Launch(nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint)
     return Options(model=args.model, cluster=cluster, workload=wl, global_batch=args.global_batch, strategies=names,
                    trials=args.trials, top_k=args.top_k, steps=args.steps, warmup=args.warmup,
@@ -280,7 +281,7 @@ def _check_options(args) -> tuple[str, ...]:
         checks.study_name(args.study)
     all_precisions = PRECISIONS
     precisions = (checks.name_list(args.precisions, "--precisions", all_precisions, "precision")
-                  if args.precisions else ("fp32", "bf16"))
+                  if args.precisions else DEFAULT_PRECISIONS)
     if args.optimizer is not None and args.optimizer not in OPTIMIZERS:
         raise UnknownNameError("optimizer", args.optimizer, list(OPTIMIZERS),
                                checks.closest_hint(args.optimizer, list(OPTIMIZERS)))
@@ -303,16 +304,18 @@ def _cluster(text: str, console):
 def _check_batch(global_batch: int, min_local_batch: int, cluster, wl) -> None:
     """The batch checks before anything is measured: every device gets its least local batch
     (checks.batch_covers_devices), and the batch's inputs and the profiler's micro-batches fit in
-    memory (checks.batch_fits_memory)."""
+    memory (checks.batch_fits_memory; a catalog cluster has no profiler)."""
     from hetsim.workloads.footprint import sample_footprint
 
     from . import checks
 
     checks.batch_covers_devices(global_batch, len(cluster.devices), min_local_batch, wl.has_batchnorm, wl.name)
     on_gpu = cluster.source == "cuda"
+    # A catalog cluster is never profiled (its block times come from the roofline of a meta-device trace).
+    profiler_bytes = (0 if cluster.source == "catalog" else
+                      max(d.memory_bytes for d in cluster.devices) if on_gpu else cluster.host_memory_bytes)
     checks.batch_fits_memory(global_batch, sample_footprint(wl), wl.name, [d.memory_bytes for d in cluster.devices],
-                             max(d.memory_bytes for d in cluster.devices) if on_gpu else cluster.host_memory_bytes,
-                             "the GPU" if on_gpu else "this machine's CPU")
+                             profiler_bytes, "the GPU" if on_gpu else "this machine's CPU")
 
 
 def _storage(args, out) -> str:

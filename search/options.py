@@ -64,6 +64,17 @@ class Options:
                               repeats=self.repeats)
 
 
-def default_study_name(model: str, cluster_spec: str, gb: int, names: tuple[str, ...]) -> str:
-    raw = f"{model}-{cluster_spec}-b{gb}-{'+'.join(names)}"
-    return re.sub(r"[^A-Za-z0-9_.@+-]+", "_", raw)[:120]
+DEFAULT_PRECISIONS = ("fp32", "bf16")
+
+
+def default_study_name(model: str, cluster_spec: str, gb: int, names: tuple[str, ...],
+                       precisions: tuple[str, ...] = DEFAULT_PRECISIONS, checkpointing: bool = True,
+                       min_local_batch: int = 1) -> str:
+    """The study a run resumes unless --study names one: one per model, cluster, global batch and
+    search space.  Options that change the space and differ from their defaults are part of the name
+    (`-fp16`, `-nockpt`, `-minlb8`), so a run with another --precisions searches anew instead of
+    resuming a study whose trials never tried that precision."""
+    space = "".join((f"-{'+'.join(sorted(set(precisions)))}" if set(precisions) != set(DEFAULT_PRECISIONS) else "",
+                     "" if checkpointing else "-nockpt", f"-minlb{min_local_batch}" if min_local_batch != 1 else ""))
+    raw = re.sub(r"[^A-Za-z0-9_.@+-]+", "_", f"{model}-{cluster_spec}-b{gb}-{'+'.join(names)}")
+    return raw[:120 - len(space)] + space

@@ -11,8 +11,9 @@ Each aten operator of a block's forward or backward (hetsim.profiling.shapes) ta
   FP32 accumulation (the datasheet rate a GeForce card halves); everything else (normalisation,
   activations, adds, casts, gradient accumulation) is bandwidth-bound.  Low precision moves a
   fitted fraction of fp32's per-sample bytes; weights are read at fp32 and cast.  Math runs at a
-  sustained clock between the datasheet's base and boost clocks.
-- **Efficiencies** are five constants, `EFFICIENCY`, fitted on the published rows of six GPUs and
+  sustained clock between the datasheet's base and boost clocks.  A 3x3 stride-1 convolution on
+  the FP32 CUDA cores runs as cuDNN's Winograd, faster than its FLOPs say by a fitted gain.
+- **Efficiencies** are six constants, `EFFICIENCY`, fitted on the published rows of six GPUs and
   validated on the other GPUs' rows (README, "What-if on GPUs you don't own"); `t_launch` is a floor
   per operator: eager PyTorch cannot issue kernels faster than its dispatcher.
 
@@ -28,7 +29,8 @@ from hetsim.hardware.cluster import Device
 
 @dataclass(frozen=True, slots=True)
 class OpCost:
-    """One operator of one pass: `kind` is 'conv', 'matmul', 'attn' (math units) or 'mem' (bandwidth).
+    """One operator of one pass: `kind` is 'conv', 'conv3x3' (a 3x3 stride-1 ungrouped convolution,
+    which cuDNN can run as Winograd), 'matmul', 'attn' (math units) or 'mem' (bandwidth).
     FLOPs scale with the micro-batch; bytes are a fixed part (weights) plus a per-sample part."""
 
     kind: str
@@ -93,21 +95,33 @@ class Efficiency:
     """Least time per aten operator: eager PyTorch's dispatch (with autograd) on the host.  The H200
     profile in results/gpu/h200 shows 31 us per forward and 42 us per backward operator as the
     batch-independent part of resnet50's block times; hidden at large batches on any GPU."""
+    winograd: float = 1.0
+    """How much faster than its FLOPs at the FP32 CUDA-core rate a 3x3 stride-1 convolution runs
+    where no tensor core takes it (fp32 before Ampere): cuDNN's Winograd kernels do 2.25-4x fewer
+    multiplications for this shape (F(2x2,3x3) and F(4x4,3x3)) and pay input/output transforms."""
     opt_tensor_s: float = 30e-6
     """Per parameter tensor of the single-tensor (foreach=False) Adam/AdamW step: about ten kernels
     each (the H200 profile in results/gpu/h200 measured 0.25 ms + 0.41 ns/parameter for
     resnet50's 161 tensors, about 65 us a tensor with its Python; half of it on faster hosts)."""
 
 
-EFFICIENCY = Efficiency(tensor=0.6, simt=0.8, mem=0.7, low_bytes=0.8, clock=0.0)
+EFFICIENCY = Efficiency(tensor=0.65, simt=0.8, mem=0.55, low_bytes=0.5, clock=0.0, winograd=4.0)
 """Fitted (grid search, `python -m hetsim.reporting.whatif --fit`) on the published rows of six GPUs
 (`hetsim.reporting.whatif.FIT_GPUS`), validated on the other GPUs' rows; see README."""
+
+
+CONV_KINDS = ("conv", "conv3x3")
+
+
+def simt_rate(dev: Device, kind: str, eff: Efficiency = EFFICIENCY) -> float:
+    """Sustainable FLOP/s of an operator on the FP32 CUDA cores (at boost clock), Winograd included."""
+    return dev.peak_fp32_flops * eff.simt * (eff.winograd if kind == "conv3x3" else 1.0)
 
 
 def math_rate(dev: Device, kind: str, precision: str, matmul_tf32: bool = False) -> tuple[float, str]:
     """(peak FLOP/s, 'tensor' or 'simt') of the math PyTorch uses for this operator kind."""
     if precision == "fp32":
-        tf32_ok = dev.peak_tf32_flops > 0 and (kind == "conv" or (matmul_tf32 and kind == "matmul"))
+        tf32_ok = dev.peak_tf32_flops > 0 and (kind in CONV_KINDS or (matmul_tf32 and kind == "matmul"))
         return (dev.peak_tf32_flops, "tensor") if tf32_ok else (dev.peak_fp32_flops, "simt")
     peak = dev.peak_bf16_flops if precision == "bf16" else dev.peak_fp16_flops
     if peak > dev.peak_fp32_flops:
@@ -128,9 +142,10 @@ def op_time_s(op: OpCost, mb: float, dev: Device, precision: str, eff: Efficienc
     t_math = 0.0
     if op.kind != "mem" and op.flops_per_sample > 0:
         peak, unit = math_rate(dev, op.kind, precision, matmul_tf32)
-        t_math = op.flops_per_sample * mb / (peak * (eff.tensor if unit == "tensor" else eff.simt))
+        flops = op.flops_per_sample * mb
+        t_math = flops / (peak * eff.tensor) if unit == "tensor" else flops / simt_rate(dev, op.kind, eff)
         if unit == "tensor" and precision == "fp32":  # cuDNN/cuBLAS pick the faster of TF32 and FP32 kernels
-            t_math = min(t_math, op.flops_per_sample * mb / (dev.peak_fp32_flops * eff.simt))
+            t_math = min(t_math, flops / simt_rate(dev, op.kind, eff))
         t_math /= clock_factor(dev, eff)
     return max(t_math, t_mem, eff.launch_s)
 

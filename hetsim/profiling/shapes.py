@@ -31,7 +31,7 @@ FREE_OPS = frozenset({aten.detach, aten.alias, aten.lift_fresh, aten.empty, aten
                       aten.scalar_tensor, aten._local_scalar_dense, aten.clone})
 """Operators that move no data worth counting (allocations, aliases); clone is counted as a copy below."""
 TRACE_BATCHES = (2, 4)
-FORMAT = "1"
+FORMAT = "2"
 """Bump when what a trace records changes meaning, so that kept traces are made again."""
 
 
@@ -39,15 +39,28 @@ def shapes_fingerprint(spec: str) -> dict[str, str]:
     return {"model": spec, "torch": torch.__version__.split("+")[0], "shapes_format": FORMAT}
 
 
-def _kind(func) -> str:
+def _kind(func, args=()) -> str:
     packet = func._overloadpacket
     if packet in CONV_OPS:
-        return "conv"
+        return "conv3x3" if _winograd_shaped(packet, args) else "conv"
     if packet in MATMUL_OPS:
         return "matmul"
     if "attention" in str(packet):
         return "attn"
     return "mem"
+
+
+def _winograd_shaped(packet, args) -> bool:
+    """A 3x3, stride-1, undilated, ungrouped 2-d convolution: the shape cuDNN's Winograd kernels take.
+    `convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)`;
+    `convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, ...)`."""
+    first = 2 if packet is aten.convolution_backward else 1
+    if packet not in (aten.convolution, aten.convolution_backward) or len(args) < first + 8:
+        return False
+    weight, stride, dilation = args[first], args[first + 2], args[first + 4]
+    groups, transposed = args[first + 7], args[first + 5]
+    return (isinstance(weight, torch.Tensor) and tuple(weight.shape[2:]) == (3, 3) and not transposed
+            and groups == 1 and all(v == 1 for v in stride) and all(v == 1 for v in dilation))
 
 
 def _nbytes(x) -> int:
@@ -73,7 +86,7 @@ class _Recorder(TorchDispatchMode):
         if packet in flop_registry:
             flops = float(flop_registry[packet](*args, **kwargs, out_val=out))
         moved = sum(_nbytes(t) for t in tree_flatten((args, kwargs))[0]) + sum(_nbytes(t) for t in tree_flatten(out)[0])
-        self.ops.append((_kind(func), flops, float(moved)))
+        self.ops.append((_kind(func, args), flops, float(moved)))
         return out
 
 

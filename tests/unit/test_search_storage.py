@@ -94,3 +94,19 @@ def test_writer_batches_and_the_flush_bound(tmp_path, ctx):
     writer.flush()
     assert len(_stored(path)) == len(mem.trials) and writer.written == len(mem.trials)
     assert FLUSH_EVERY_S <= 1.0
+
+
+def test_default_study_name_follows_the_search_space():
+    """A run with other --precisions (or without checkpointing, or another --min-local-batch) gets a
+    study of its own; the defaults keep the name that earlier runs resume."""
+    from hetsim.search.options import default_study_name
+
+    base = default_study_name("resnet50@224", "catalog:v100_sxm2_16gb", 256, ("ddp", "zero"))
+    assert base == "resnet50@224-catalog_v100_sxm2_16gb-b256-ddp+zero"
+    assert default_study_name("resnet50@224", "catalog:v100_sxm2_16gb", 256, ("ddp", "zero"),
+                              ("bf16", "fp32")) == base
+    fp16 = default_study_name("resnet50@224", "catalog:v100_sxm2_16gb", 256, ("ddp", "zero"), ("fp16",))
+    assert fp16 == base + "-fp16"
+    assert default_study_name("m", "c", 8, ("ddp",), checkpointing=False, min_local_batch=4) == "m-c-b8-ddp-nockpt-minlb4"
+    long = default_study_name("m" * 200, "c", 8, ("ddp",), ("fp16",))
+    assert len(long) == 120 and long.endswith("-fp16")

@@ -52,6 +52,38 @@ def test_default_math_follows_pytorch_defaults():
     assert math_rate(v100, "matmul", "fp16") == (125e12, "tensor")
 
 
+def test_winograd_shaped_convolutions_are_traced_apart():
+    """resnet18's 3x3 stride-1 convolutions (two a basic block, less the three that downsample) are
+    'conv3x3' in both passes; the 7x7 stem, the strided 3x3s and the 1x1 shortcuts stay 'conv'."""
+    from hetsim.profiling.shapes import trace
+    from hetsim.workloads.builtin import load_workload
+
+    blocks = trace(load_workload("resnet18", 64)).blocks
+    fwd = [o.kind for b in blocks for o in b.fwd]
+    bwd = [o.kind for b in blocks for o in b.bwd]
+    assert fwd.count("conv3x3") == bwd.count("conv3x3") == 8 * 2 - 3
+    assert fwd.count("conv") == bwd.count("conv") == 1 + 3 + 3
+
+
+def test_winograd_gain_only_where_cuda_cores_run_the_convolution():
+    from dataclasses import replace
+
+    from hetsim.model.roofline import EFFICIENCY, OpCost, op_time_s
+
+    table = load_catalog()
+    v100, a100 = (catalog_device(table[k], 0) for k in ("v100_sxm2_16gb", "a100_sxm_80gb"))
+    eff = replace(EFFICIENCY, winograd=2.0, launch_s=0.0)
+    plain, wino = OpCost("conv", 1e9, 0.0, 0.0), OpCost("conv3x3", 1e9, 0.0, 0.0)
+    # fp32 before Ampere: CUDA cores, Winograd halves the time at a gain of 2.
+    assert op_time_s(wino, 64, v100, "fp32", eff) == pytest.approx(op_time_s(plain, 64, v100, "fp32", eff) / 2)
+    # Tensor cores (fp16 on a V100): no Winograd.
+    assert op_time_s(wino, 64, v100, "fp16", eff) == pytest.approx(op_time_s(plain, 64, v100, "fp16", eff))
+    # fp32 on an A100: the faster of TF32 tensor cores and Winograd on the CUDA cores.
+    tf32 = op_time_s(plain, 64, a100, "fp32", eff)
+    simt = 64e9 / (a100.peak_fp32_flops * eff.simt * 2.0) / (a100.base_clock_ratio)
+    assert op_time_s(wino, 64, a100, "fp32", eff) == pytest.approx(min(tf32, simt))
+
+
 def test_low_precision_and_bigger_gpus_are_faster():
     shapes = whatif.model_shapes("resnet50@224")
     table = load_catalog()
@@ -97,3 +129,21 @@ def test_catalog_capacity_leaves_room_for_the_cuda_process():
         cap = catalog_capacity_bytes(entry)
         held = entry.mem_gib * GiB - cap
         assert 0.5 * GiB < held < 0.06 * entry.mem_gib * GiB + 1 * GiB, key
+
+
+def test_a_catalog_question_is_not_bounded_by_this_machines_memory():
+    """BERT-large at sequence 384 and batch 64 takes about 52 GiB of inputs and saved activations,
+    more than this machine has: an emulated cluster's profiler could not measure it, but a catalog
+    cluster measures nothing here, so only the GPUs' memory bounds the batch."""
+    from dataclasses import replace
+
+    from hetsim.errors import ConfigError
+    from hetsim.hardware.cluster import parse_cluster
+    from hetsim.workloads.builtin import load_workload
+    from search.__main__ import _check_batch
+
+    wl = load_workload("bert", size="large", seq_len=384)
+    host = 24 * 2**30  # this machine's memory, fixed so that the check does not depend on the machine
+    _check_batch(64, 1, replace(parse_cluster("catalog:a100_sxm_80gb"), host_memory_bytes=host), wl)
+    with pytest.raises(ConfigError, match="profiler measures"):
+        _check_batch(64, 1, replace(parse_cluster("emu:1.0@4G,0.5@4G"), host_memory_bytes=host), wl)
