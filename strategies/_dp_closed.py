@@ -38,7 +38,7 @@ def buckets(cost: CostModel) -> list[tuple[int, int]]:
     out: list[tuple[int, int]] = []
     cap, size, low = FIRST_BUCKET_BYTES, 0, None
     for k in reversed(range(cost.facts.n_blocks)):
-        pb = cost.param_bytes(k, k + 1)
+        pb = cost.grad_bytes(k, k + 1)  # DDP buckets the gradients: frozen parameters have none
         if pb == 0:
             continue
         size += pb

@@ -203,7 +203,7 @@ def optimizer_tail(cost: CostModel) -> Callable[[int, int, int, int], float]:
     """Stage 0's optimizer step ends the step (it finishes the last backward)."""
 
     def tail(s: int, lo: int, hi: int, dev: int) -> float:
-        return cost.opt_s(dev, cost.param_count(lo, hi)) if s == 0 else 0.0
+        return cost.opt_s(dev, cost.trainable_count(lo, hi)) if s == 0 else 0.0
 
     return tail
 

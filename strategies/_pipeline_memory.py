@@ -38,9 +38,10 @@ every block checkpointed: +6.6 % with 1, -11.2 % with 0.5), so checkpointed bloc
 
 
 def stage_state(cost: CostModel, lo: int, hi: int) -> tuple[int, int, int]:
-    """(parameters + buffers, gradients, optimizer state) bytes of blocks lo..hi."""
-    p = cost.param_bytes(lo, hi)
-    return p + cost.buffer_bytes(lo, hi), p, cost.optim_state_bytes(cost.param_count(lo, hi))
+    """(parameters + buffers, gradients, optimizer state) bytes of blocks lo..hi; frozen parameters
+    have neither gradients nor optimizer state."""
+    return (cost.param_bytes(lo, hi) + cost.buffer_bytes(lo, hi), cost.grad_bytes(lo, hi),
+            cost.optim_state_bytes(cost.trainable_count(lo, hi)))
 
 
 def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence[int], micro: int,

@@ -346,7 +346,7 @@ def replica_allreduce_s(cost: CostModel, nbytes: float, group: tuple[int, ...]) 
     Measured (resnet18@64, hybrid 2x1 on the default cluster, the rank that finishes its schedule
     last): the all-reduces of 46.8 MB took 0.09-0.12 s in the step where the collective model reads
     0.035 s, and that recording's data-parallel term was 0.066 s."""
-    total = cost.memo(("param_bytes",), cost.param_bytes)
+    total = cost.memo(("grad_bytes",), cost.grad_bytes)
     share = nbytes / total if total > 0 else 1.0
     return cost.allreduce_s(nbytes, group) + cost.sync_residual_s(group) * share
 
@@ -373,10 +373,10 @@ def replicas_graph(cost: CostModel, replica_devices: Sequence[Sequence[int]], bo
         # Each rank all-reduces its stages' gradients (one flat tensor) after its last action.
         group = tuple(devs[r] for devs in everyone)
         mine = rank_stages(schedule, P, v, r)
-        count = sum(cost.param_count(boundaries[s], boundaries[s + 1]) for s in mine)
+        count = sum(cost.trainable_count(boundaries[s], boundaries[s + 1]) for s in mine)
         reduced = []
         if len(everyone) > 1:
-            nbytes = sum(cost.param_bytes(boundaries[s], boundaries[s + 1]) for s in mine)
+            nbytes = sum(cost.grad_bytes(boundaries[s], boundaries[s + 1]) for s in mine)
             reduced.append(g.add(Resource.group(r), TaskKind.ALLREDUCE, replica_allreduce_s(cost, nbytes, group),
                                  [tasks[i].last[r] for i in range(R)],
                                  label=f"allreduce stages {','.join(map(str, mine))}"))

@@ -156,9 +156,9 @@ def _sharded_backward(st: _Sharded, j: int, sizes: list[int], prev_f: list[int |
             tid = g.add(Resource.device(d), TaskKind.BACKWARD, dur, [*waits, prev_b[i]], label=f"B{j}.{k}")
             bids.append(tid)
             prev_b[i] = tid
-        pk = cost.param_bytes(k, k + 1)
-        if pk:
-            rs = g.add(Resource.COMM, TaskKind.REDUCESCATTER, cost.allgather_s(pk, st.devs), bids, label=f"RS{j}.{k}")
+        gk = cost.grad_bytes(k, k + 1)  # frozen parameters have no gradient to reduce-scatter
+        if gk:
+            rs = g.add(Resource.COMM, TaskKind.REDUCESCATTER, cost.allgather_s(gk, st.devs), bids, label=f"RS{j}.{k}")
             st.rs_prev = rs
             if j == plan.chunks - 1:
                 st.last_rs.append(rs)
@@ -187,10 +187,10 @@ def _sharded_optimizer(st: _Sharded) -> None:
     if sync and last_rs:
         last_rs = [g.add(Resource.COMM, TaskKind.SYNC, sync, list(last_rs), label="sync (calibrated)")]
     for d in st.devs:
-        count = cost.param_count() / st.shards
+        count = cost.trainable_count() / st.shards
         t = cost.host_opt_s(d, count) if plan.offload else cost.opt_s(d, count)
         if plan.offload:
-            t += host_copy_s(cost, d, cost.param_bytes() / st.shards)  # sharded gradients to the host
+            t += host_copy_s(cost, d, cost.grad_bytes() / st.shards)  # sharded gradients to the host
         g.add(Resource.device(d), TaskKind.OPTIMIZER, t, list(last_rs), label="opt")
 
 

@@ -220,12 +220,12 @@ class DDP(Strategy):
     def step_timing(self, plan: DDPPlan, cost) -> StepTiming | None:
         if cost.facts.batch_coupled:  # the outputs' gather and the gradient cache: event simulation only
             return None
-        count = float(cost.param_count())
+        count = float(cost.trainable_count())
         return data_parallel_timing(cost, plan.devices, plan.local_batch, plan.accum_steps, plan.precision,
                                     plan.checkpoint_blocks, (count,) * len(plan.devices))
 
     def graph(self, plan: DDPPlan, cost) -> TaskGraph:
-        count = cost.param_count()
+        count = cost.trainable_count()
         return data_parallel_graph(cost, plan.devices, plan.local_batch, plan.chunks, plan.precision,
                                    plan.checkpoint_blocks, [count] * len(plan.devices),
                                    grad_cache=plan.grad_cache_chunks > 1)

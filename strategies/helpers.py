@@ -222,7 +222,7 @@ def _data_parallel_step_time(cost: CostModel, devices: tuple[int, ...], accum: i
                              ckpt: int, grad_cache: bool) -> Callable[[int, int], float]:
     """(position in `devices`, local batch) -> that device's compute and optimizer time, memoised."""
     n = cost.facts.n_blocks
-    opt_params = cost.param_count()
+    opt_params = cost.trainable_count()
 
     def compute_time(d: int, b: int) -> float:
         t = sum(cost.fwd_s(d, 0, n, m, precision) + cost.bwd_s(d, 0, n, m, precision)

@@ -111,7 +111,7 @@ def _tail(cost: CostModel, group: tuple[int, ...]):
     def tail(s: int, lo: int, hi: int, dev: int) -> float:
         if s:
             return 0.0
-        return replica_allreduce_s(cost, cost.param_bytes(lo, hi), group) + cost.opt_s(dev, cost.param_count(lo, hi))
+        return replica_allreduce_s(cost, cost.grad_bytes(lo, hi), group) + cost.opt_s(dev, cost.trainable_count(lo, hi))
 
     return tail
 

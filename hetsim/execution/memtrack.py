@@ -28,6 +28,7 @@ def measure_step(fn: Callable[[], object], model: nn.Module, optimizer, device: 
     from torch.distributed._tools.mem_tracker import MemTracker
 
     mt = MemTracker()
+    _skip_frozen_parameters(mt)
     mt.track_external(*(m for m in (model, optimizer) if m is not None))
     # MemTracker refuses a second top-level forward in one context (accumulation micro-steps,
     # pipeline micro-batches) unless its module stats are reset; the device peak survives the reset.
@@ -60,6 +61,33 @@ def measure_step(fn: Callable[[], object], model: nn.Module, optimizer, device: 
         for h in handles:
             h.remove()
     return peak_breakdown(mt)
+
+
+class _NoHook:
+    def remove(self) -> None:
+        pass
+
+
+def _skip_frozen_parameters(mt) -> None:
+    """torch's MemTracker registers a gradient hook on every parameter of each module it enters, and
+    `Tensor.register_hook` raises on a parameter that does not require a gradient ("cannot register a
+    hook on a tensor that doesn't require gradient"): a model with a frozen backbone could not be
+    measured.  MemTracker skips a parameter it has hooked already; each frozen one is entered as hooked,
+    with handles that remove nothing, as the module is entered (FSDP2 swaps in unsharded parameters
+    at each forward, so they are new objects every time).  It never gets a gradient: nothing goes
+    untracked."""
+    handles = getattr(mt, "_param_to_grad_hook_handles", None)
+    track = getattr(mt, "_track_module_params_and_buffers", None)
+    if handles is None or track is None:
+        return
+
+    def track_skipping_frozen(module: nn.Module, install_grad_hooks: bool = True):
+        for p in module.parameters():
+            if not p.requires_grad and handles.get(p, None) is None:
+                handles[p] = (_NoHook(), _NoHook())
+        return track(module, install_grad_hooks)
+
+    mt._track_module_params_and_buffers = track_skipping_frozen
 
 
 def peak_breakdown(mt) -> MemoryBreakdown:

@@ -125,6 +125,7 @@ class CostModel:
         """klass[d]: the first device equal to d but for its name and position.  Compute times depend on
         nothing else, so they are computed and memoised once per class (512 devices of four types: four)."""
         self._param_total = sum(b.param_count for b in self.base_profile.blocks)
+        self._trainable_total = sum(b.trainable_count for b in self.base_profile.blocks)
         self._memo: dict[tuple, Any] = {}
         self._tables: dict[str, dict] = {}
         self.step_barrier = cluster.emulated
@@ -469,6 +470,18 @@ class CostModel:
 
     def param_bytes(self, lo: int = 0, hi: int | None = None) -> int:
         return sum(b.param_bytes for b in self.base_profile.blocks[lo:hi])
+
+    def trainable_count(self, lo: int = 0, hi: int | None = None) -> int:
+        """Parameters of blocks lo..hi that receive a gradient: what the optimizer steps and holds state
+        for.  `param_count` less the frozen ones (`BlockProfile.param_trainable`)."""
+        if lo == 0 and hi is None:
+            return self._trainable_total
+        return sum(b.trainable_count for b in self.base_profile.blocks[lo:hi])
+
+    def grad_bytes(self, lo: int = 0, hi: int | None = None) -> int:
+        """fp32 bytes of the gradients of blocks lo..hi: what DDP buckets and all-reduces, what FSDP
+        reduce-scatters.  `param_bytes` less the frozen parameters'."""
+        return sum(b.trainable_bytes for b in self.base_profile.blocks[lo:hi])
 
     def buffer_bytes(self, lo: int = 0, hi: int | None = None) -> int:
         return sum(b.buffer_bytes for b in self.base_profile.blocks[lo:hi])

@@ -112,15 +112,19 @@ def _div(nbytes: int, shards: int) -> int:
 
 
 def model_state_bytes(param_count: int, *, optim_states: int, layout: StateLayout = FP32_MASTER,
-                      sharding: Sharding = Sharding(), optim_count: int | None = None) -> MemoryBreakdown:
+                      sharding: Sharding = Sharding(), optim_count: int | None = None,
+                      trainable_count: int | None = None) -> MemoryBreakdown:
     """Resident parameters, gradients and optimizer state of one rank (buffers excluded).
 
+    `trainable_count`: parameters that receive a gradient (default: all); frozen ones are held but
+    have no gradient and no optimizer state.
     `optim_count`: parameters whose optimizer state this rank holds, where the partition is not an
-    even split (ZeroRedundancyOptimizer assigns whole parameters); default param_count / shards.
+    even split (ZeroRedundancyOptimizer assigns whole parameters); default trainable_count / shards.
     """
     n = sharding.shards
+    trained = param_count if trainable_count is None else trainable_count
     params = layout.param_bytes * param_count
-    grads = layout.grad_bytes * param_count
+    grads = layout.grad_bytes * trained
     per_opt = layout.master_bytes + optim_states * layout.state_bytes
     if sharding.params:
         params = _div(params, n)
@@ -129,7 +133,7 @@ def model_state_bytes(param_count: int, *, optim_states: int, layout: StateLayou
     if optim_count is not None:
         optim = per_opt * optim_count
     else:
-        optim = _div(per_opt * param_count, n) if sharding.optim else per_opt * param_count
+        optim = _div(per_opt * trained, n) if sharding.optim else per_opt * trained
     if sharding.offload:
         return MemoryBreakdown(host_bytes=params + grads + optim)
     return MemoryBreakdown(params_bytes=params, grads_bytes=grads, optim_bytes=optim)
@@ -146,14 +150,18 @@ def zero1_owned_counts(cost: CostModel, shards: int) -> list[int]:
 
 
 def _zero1_owned_counts(cost: CostModel, shards: int) -> list[int]:
-    numels = [n for b in cost.base_profile.blocks for n in b.param_numels]
+    """ZeroRedundancyOptimizer partitions every parameter it is given (hetsim gives it all of them),
+    frozen ones included; a rank holds state and steps only for its trainable ones."""
+    numels = [(n, b.param_trainable[i] if b.param_trainable else True)
+              for b in cost.base_profile.blocks for i, n in enumerate(b.param_numels)]
     if not numels:
-        total = cost.param_count()
+        total = cost.trainable_count()
         return [total // shards + (1 if r < total % shards else 0) for r in range(shards)]
-    owned = [0] * shards
-    for n in sorted(numels, reverse=True):  # stable sort: ties keep model order, as torch's
-        r = owned.index(min(owned))
-        owned[r] += n
+    sizes, owned = [0] * shards, [0] * shards
+    for n, trains in sorted(numels, key=lambda e: -e[0]):  # stable sort: ties keep model order, as torch's
+        r = sizes.index(min(sizes))
+        sizes[r] += n
+        owned[r] += n if trains else 0
     return owned
 
 
@@ -348,16 +356,17 @@ def _with_coupled_loss(cost: CostModel, phases: list[_Phase], c: CoupledLoss, mi
 
 def _data_parallel_memory(cost: CostModel, micro: int, precision: str, ckpt: int, shards: int, zero_stage: int,
                           offload: bool, rank: int, coupled: CoupledLoss | None = None) -> MemoryBreakdown:
-    count = cost.param_count()
+    count, trained = cost.param_count(), cost.trainable_count()
     states = OPTIMIZER_STATE_PER_PARAM.get(cost.optimizer, 2)
     if zero_stage == 0:
-        state = model_state_bytes(count, optim_states=states)
+        state = model_state_bytes(count, optim_states=states, trainable_count=trained)
     elif zero_stage == 1:
         owned = zero1_owned_counts(cost, shards)[rank]
         state = model_state_bytes(count, optim_states=states, sharding=Sharding.zero_stage(1, shards),
-                                  optim_count=owned)
+                                  optim_count=owned, trainable_count=trained)
     else:
-        state = model_state_bytes(count, optim_states=states, sharding=Sharding.fsdp(shards, offload))
+        state = model_state_bytes(count, optim_states=states, sharding=Sharding.fsdp(shards, offload),
+                                  trainable_count=trained)
     acts = _block_activations(cost, micro, precision, ckpt)
     if zero_stage <= 1:
         phases = _ddp_phases(cost, acts, micro, precision)
@@ -395,7 +404,7 @@ def _backward_temps(cost: CostModel, micro: int, whole: float, k: int, n: int) -
 def _ddp_phases(cost: CostModel, acts: _BlockActs, micro: int, precision: str) -> list[_Phase]:
     temps = temporaries_bytes(cost, micro, precision)
     # Gradient buckets are views of fresh storage; DDP rebuilds them at the second step's forward.
-    phases = [_Phase(activations=0.0, other=float(cost.param_bytes()))]
+    phases = [_Phase(activations=0.0, other=float(cost.grad_bytes()))]
     before = 0.0
     n = len(acts.kept)
     for k in range(n):
@@ -419,7 +428,9 @@ def _fsdp_phases(cost: CostModel, acts: _BlockActs, micro: int, precision: str, 
     w = fsdp_gather_bytes(cost, precision)
     counts = [cost.param_count(k, k + 1) for k in range(n)]
     gathered = [c * w for c in counts]
-    reduce_in = [c * 4.0 for c in counts] + [0.0]
+    trained = [cost.trainable_count(k, k + 1) for k in range(n)]
+    grads = [c * w for c in trained]  # G: unsharded gradients, only of the parameters that train
+    reduce_in = [c * 4.0 for c in trained] + [0.0]
     prefix = [0.0]
     for k in range(n):
         prefix.append(prefix[-1] + gathered[k])
@@ -441,7 +452,7 @@ def _fsdp_phases(cost: CostModel, acts: _BlockActs, micro: int, precision: str, 
             prefetch = gathered[k - 1] if k else 0.0
             held, held_after = gathered[k] + prefetch, prefetch
         phases.append(_Phase(activations=before + acts.full[k],
-                             other=held + gathered[k] + reduce_in[k + 1] + _backward_temps(cost, micro, temps, k, n)))
+                             other=held + grads[k] + reduce_in[k + 1] + _backward_temps(cost, micro, temps, k, n)))
         phases.append(_Phase(activations=before,
-                             other=held_after + gathered[k] + reduce_in[k] * (1 + 1 / max(1, shards))))
+                             other=held_after + grads[k] + reduce_in[k] * (1 + 1 / max(1, shards))))
     return phases

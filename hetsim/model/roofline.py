@@ -53,6 +53,8 @@ class BlockShapes:
     saved_bytes_per_sample: float
     saved_bytes_fixed: float
     out_bytes_per_sample: int
+    param_trainable: tuple[bool, ...] = ()
+    """Per entry of `param_numels`, whether it requires a gradient; empty: every parameter trains."""
 
     def flops(self, mb: float) -> float:
         return sum(o.flops_per_sample for o in self.fwd + self.bwd) * mb
@@ -214,7 +216,7 @@ def catalog_profile(shapes: ModelShapes, dev: Device, precisions: tuple[str, ...
         timing={p: BlockTiming(fwd_s=fit(b.fwd, p), bwd_s=fit(b.bwd, p)) for p in precs},
         act_bytes={p: act(b.saved_bytes_per_sample, b.saved_bytes_fixed, b.param_count, p) for p in precs},
         out_bytes_per_sample=b.out_bytes_per_sample, flops_per_sample=sum(o.flops_per_sample for o in b.fwd),
-        param_numels=b.param_numels) for b in shapes.blocks)
+        param_numels=b.param_numels, param_trainable=b.param_trainable) for b in shapes.blocks)
     n_params = sum(b.param_count for b in shapes.blocks)
     biggest = max((n for b in shapes.blocks for n in b.param_numels), default=0)
     widest = max((b.out_bytes_per_sample for b in shapes.blocks), default=0)

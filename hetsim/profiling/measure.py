@@ -20,7 +20,13 @@ from hetsim.profiling.hostspeed import HostProbe, at_ref, ref_of
 from hetsim.profiling.memcal import profile_memory
 from hetsim.profiling.precision import screen_precisions
 from hetsim.profiling.saved import saved_storages, storage_ids
-from hetsim.profiling.store import BlockProfile, BlockTiming, DeviceProfile, ModelProfile
+from hetsim.profiling.store import (
+    BlockProfile,
+    BlockTiming,
+    DeviceProfile,
+    ModelProfile,
+    trainable_flags,
+)
 from hetsim.types import Fit
 from hetsim.workloads.builtin import PROFILED_OPTIMIZERS, Workload, make_optimizer
 from hetsim.workloads.precision import autocast
@@ -486,6 +492,7 @@ def _block_profiles(m: _Measured, micro_batches: tuple[int, ...], precisions: tu
                 out_bytes_per_sample=m.out_bytes[k],
                 flops_per_sample=m.flops[k],
                 param_numels=tuple(p.numel() for p in blk.parameters()),
+                param_trainable=trainable_flags(blk),
                 scalar_params=sum(p.dim() == 0 for p in blk.parameters()),
                 split_grad_bytes_per_sample={p: m.split_grads[p][k] for p in precisions},
                 out_itemsize={p: out_itemsize[p][k] for p in precisions},
@@ -536,10 +543,11 @@ def _flops(fwd: Callable[[], object], mb: int) -> float:
 def _profile_optimizer(model: nn.Module, kind: str, device: torch.device, reps: int, probe: HostProbe | None = None,
                        ref: float = 0.0) -> Fit:
     """Optimizer step time per block's parameters, fitted against parameter count (with `probe`,
-    each time at the host speed whose probe time is `ref`)."""
+    each time at the host speed whose probe time is `ref`).  Only parameters that require a gradient,
+    as in training: the cost model asks for the step of the trainable ones (frozen ones get no step)."""
     xs, ys = [], []
-    groups = [list(b.parameters()) for b in model.children()]
-    groups.append(list(model.parameters()))
+    groups = [[p for p in b.parameters() if p.requires_grad] for b in model.children()]
+    groups.append([p for p in model.parameters() if p.requires_grad])
     for params in groups:
         if not params:
             continue

@@ -20,6 +20,7 @@ from torch.utils.flop_counter import flop_registry
 
 from hetsim.model.roofline import BlockShapes, ModelShapes, OpCost
 from hetsim.profiling.saved import saved_storages, storage_ids
+from hetsim.profiling.store import trainable_flags
 from hetsim.workloads.builtin import Workload
 
 aten = torch.ops.aten
@@ -161,7 +162,7 @@ def trace(workload: Workload) -> ModelShapes:
             param_count=sum(p.numel() for p in blk.parameters()),
             param_bytes=sum(p.numel() * p.element_size() for p in blk.parameters()),
             buffer_bytes=sum(b.numel() * b.element_size() for b in blk.buffers()),
-            param_numels=tuple(p.numel() for p in blk.parameters()),
+            param_numels=tuple(p.numel() for p in blk.parameters()), param_trainable=trainable_flags(blk),
             saved_bytes_per_sample=per, saved_bytes_fixed=max(0.0, sa - per * ba), out_bytes_per_sample=ob,
         ))
     return ModelShapes(model=workload.spec, blocks=tuple(blocks), input_bytes_per_sample=input_bytes,

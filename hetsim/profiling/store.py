@@ -27,6 +27,13 @@ class BlockTiming:
     profiles): charged as `fwd_s`."""
 
 
+def trainable_flags(module) -> tuple[bool, ...]:
+    """`BlockProfile.param_trainable` of a module: per parameter, whether it requires a gradient;
+    empty when every one does (what profiles without the field mean)."""
+    flags = tuple(bool(p.requires_grad) for p in module.parameters())
+    return () if all(flags) else flags
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BlockProfile:
     name: str
@@ -44,6 +51,11 @@ class BlockProfile:
     flops_per_sample: float
     param_numels: tuple[int, ...] = ()
     """Elements of each parameter, in model order (ZeroRedundancyOptimizer partitions whole parameters)."""
+    param_trainable: tuple[bool, ...] = ()
+    """Per entry of `param_numels`: whether the parameter requires a gradient.  A frozen one (a
+    fine-tuned model's fixed backbone) is held, sharded and gathered like the others, but has no
+    gradient, no optimizer state and nothing to all-reduce.  Empty (profiles before this field, models
+    with nothing frozen): every parameter trains."""
     scalar_params: int = 0
     """Parameters with no dimension (a learnable temperature, `nn.Parameter(torch.ones(()))`): torch's
     `fully_shard` (FSDP2) refuses them, so ZeRO-2/3 plans are refused (`strategies.zero`)."""
@@ -63,6 +75,17 @@ class BlockProfile:
         """Bytes of the block's output per sample under `precision`: what a pipeline stage sends on,
         keeps until its step ends, or a checkpointed next block keeps."""
         return self.out_bytes_per_sample * self.out_itemsize.get(precision, 4) / 4
+
+    @property
+    def trainable_count(self) -> int:
+        """Parameters that receive a gradient (all of them unless some are frozen)."""
+        return self.param_count - sum(n for n, t in zip(self.param_numels, self.param_trainable, strict=False) if not t)
+
+    @property
+    def trainable_bytes(self) -> int:
+        """fp32 bytes of the parameters that receive a gradient: the gradients' size."""
+        t = self.trainable_count
+        return self.param_bytes if t == self.param_count else int(round(self.param_bytes * t / max(1, self.param_count)))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
