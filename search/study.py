@@ -184,8 +184,26 @@ def search_step(study: optuna.Study, ctx: SearchContext, names: list[str], trial
         task = prog.add_task("trials", total=trials, completed=min(before, trials))
         run_search(study, ctx, names, trials, callbacks=[lambda s, t: prog.advance(task)], stop=stop, **run_kw)
     found = feasible_candidates(study)
+    if before:
+        found = predicted_again(found, ctx)
     console.print(f"{len(study.trials)} trials, {len(found)} distinct feasible plans")
     return found
+
+
+def predicted_again(found: list[Candidate], ctx: SearchContext) -> list[Candidate]:
+    """A resumed study's plans as this run's cost model predicts them, best first.  Stored predictions
+    come from the profiles and calibration of the run that stored them; after `--reprofile`, a new
+    calibration or another hetsim they are stale, and the shortlist, the report and the exported plan
+    must show this run's numbers.  A plan that no longer fits is dropped."""
+    out = []
+    for c in found:
+        try:
+            pred = strategies.get(c.plan.strategy).predict(c.plan, ctx.cost)[0]
+        except InfeasiblePlanError:
+            continue
+        if pred.feasible and math.isfinite(pred.samples_per_s):
+            out.append(Candidate(c.plan, pred, c.trial_number))
+    return sorted(out, key=lambda c: -c.prediction.samples_per_s)
 
 
 def run_search(study: optuna.Study, ctx: SearchContext, names: list[str], trials: int,

@@ -110,3 +110,31 @@ def test_default_study_name_follows_the_search_space():
     assert default_study_name("m", "c", 8, ("ddp",), checkpointing=False, min_local_batch=4) == "m-c-b8-ddp-nockpt-minlb4"
     long = default_study_name("m" * 200, "c", 8, ("ddp",), ("fp16",))
     assert len(long) == 120 and long.endswith("-fp16")
+
+
+def test_a_resumed_study_shows_this_runs_predictions(tmp_path, ctx, monkeypatch):
+    """Stored predictions are those of the run that stored them (other profiles after --reprofile, a
+    new calibration): on resume, every candidate is predicted again with this run's cost model."""
+    import io
+    from dataclasses import replace
+
+    from hetsim.search import study as study_mod
+    from rich.console import Console
+
+    path = tmp_path / "h.journal"
+    quiet = Console(file=io.StringIO())
+    first = study_mod.search_step(open_study("s", f"journal:{path}", seed=0), ctx, strategies.names(), 30, quiet,
+                                  lambda: False)
+    stale = [replace(c, prediction=replace(c.prediction, samples_per_s=c.prediction.samples_per_s * 3))
+             for c in first]
+    again = study_mod.predicted_again(stale, ctx)
+    for c in again:
+        fresh = strategies.get(c.plan.strategy).predict(c.plan, ctx.cost)[0]
+        assert c.prediction.samples_per_s == fresh.samples_per_s
+    assert [c.prediction.samples_per_s for c in again] == sorted((c.prediction.samples_per_s for c in again),
+                                                                 reverse=True)
+    calls = []
+    monkeypatch.setattr(study_mod, "predicted_again", lambda found, c: calls.append(len(found)) or found)
+    study_mod.search_step(open_study("s", f"journal:{path}", seed=0), ctx, strategies.names(), 30, quiet,
+                          lambda: False)
+    assert calls == [len(first)]  # resumed (30 trials stored): predicted again
