@@ -274,9 +274,11 @@ def split_grad_bytes(cost: CostModel, lo: int, hi: int, mb: float, precision: st
 
 
 def largest_param_bytes(cost: CostModel, lo: int = 0, hi: int | None = None) -> int:
-    """The largest single parameter (fp32 bytes) of blocks [lo, hi): the gradient temporary a plain
-    step creates before accumulating it, which FSDP's fresh unsharded gradients replace."""
-    numels = [n for b in cost.base_profile.blocks[lo:hi] for n in b.param_numels]
+    """The largest single trainable parameter (fp32 bytes) of blocks [lo, hi): the gradient temporary a
+    plain step creates before accumulating it, which FSDP's fresh unsharded gradients replace.  A
+    frozen parameter gets no gradient."""
+    numels = [n for b in cost.base_profile.blocks[lo:hi] for i, n in enumerate(b.param_numels)
+              if not b.param_trainable or b.param_trainable[i]]
     return 4 * max(numels) if numels else 0
 
 
@@ -370,6 +372,11 @@ def _data_parallel_memory(cost: CostModel, micro: int, precision: str, ckpt: int
     acts = _block_activations(cost, micro, precision, ckpt)
     if zero_stage <= 1:
         phases = _ddp_phases(cost, acts, micro, precision)
+        # The optimizer step, after backward: Adam's two parameter-sized temporaries (where the
+        # activations are small, as in a linear probe, the step peaks here; measured with MemTracker).
+        trains = [n for b in cost.base_profile.blocks for i, n in enumerate(b.param_numels)
+                  if not b.param_trainable or b.param_trainable[i]]
+        phases.append(_Phase(activations=0.0, other=float(optimizer_step_temp_bytes(cost.optimizer, trains))))
     else:
         phases = _fsdp_phases(cost, acts, micro, precision, zero_stage, shards)
     if coupled is not None and cost.facts.batch_coupled:

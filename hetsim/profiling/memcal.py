@@ -59,7 +59,8 @@ def _step_peak(workload: Workload, device: torch.device, precision: str, mb: int
 
     step()
     mem = measure_step(step, model, opt, device)
-    state = sum(p.numel() * p.element_size() for p in model.parameters()) * 2  # params + grads
+    state = sum(p.numel() * p.element_size() * (2 if p.requires_grad else 1)  # params + grads (none if frozen)
+                for p in model.parameters())
     state += sum(b.numel() * b.element_size() for b in model.buffers())
     state += sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
                  if isinstance(t, torch.Tensor))

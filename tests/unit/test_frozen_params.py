@@ -100,3 +100,25 @@ def test_memory_of_a_step_with_a_frozen_backbone_is_measured():
     assert mem.params_bytes == sum(p.numel() * 4 for p in m.parameters())
     assert mem.optim_bytes == 2 * 4 * (64 * 4 + 4) + 2 * 4  # exp_avg and exp_avg_sq, two 4-byte step counters
     assert m[0].weight.grad is None
+
+
+def test_a_step_with_small_activations_peaks_in_the_optimizer_step():
+    """AdamW (foreach=False) holds two temporaries the size of the parameter it updates: where the
+    activations are small the step peaks there.  Only trainable parameters are stepped (a linear probe
+    on a frozen MLP measured exactly params + gradients + state + twice its largest trainable weight)."""
+    import sys
+
+    from hetsim.model.memory import data_parallel_memory
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from pipeline_synth import synthetic_cost
+
+    base = synthetic_cost([1.0], [1e-3, 1e-3], param_counts=[5000, 100], act_bytes=[1.0, 1.0], out_bytes=[4, 4])
+    model = next(iter(base.profiles.models.values()))
+    blocks = (replace(model.blocks[0], param_numels=(4000, 1000), param_trainable=(False, True)),
+              replace(model.blocks[1], param_numels=(100,)))
+    cost = CostModel(base.cluster, replace(base.profiles, models={model.device_kind: replace(model, blocks=blocks)}),
+                     "adamw")
+    mem = data_parallel_memory(cost, 0, 1, "fp32", 0)
+    assert mem.other_bytes == 2 * 4 * 1000  # the largest trainable parameter, not the frozen 4000
+    assert mem.grads_bytes == 4 * 1100 and mem.optim_bytes == 8 * 1100
