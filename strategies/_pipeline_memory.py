@@ -17,6 +17,7 @@ from hetsim.model.memory import (
     split_grad_bytes,
     temporaries_bytes,
     temps_without_loss,
+    trainable_numels,
 )
 from hetsim.types import MemoryBreakdown
 
@@ -102,7 +103,7 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
         sweep[s] = max(0.0, worst - kept[s])
         grad_sweep[s] = max(0.0, worst_g - worst)
         full_sweep[s] = max(0.0, worst_gw - worst)
-        numels += [n for b in blocks[lo:hi] for n in b.param_numels]
+        numels += trainable_numels(blocks[lo:hi])
         wgrad[s] = float(largest_param_bytes(cost, lo, hi))
         # What a split backward keeps from I to W: the received output gradient (none on the last
         # stage) and, past the first stage, the parameter groups' captured activation gradients and

@@ -277,9 +277,13 @@ def largest_param_bytes(cost: CostModel, lo: int = 0, hi: int | None = None) -> 
     """The largest single trainable parameter (fp32 bytes) of blocks [lo, hi): the gradient temporary a
     plain step creates before accumulating it, which FSDP's fresh unsharded gradients replace.  A
     frozen parameter gets no gradient."""
-    numels = [n for b in cost.base_profile.blocks[lo:hi] for i, n in enumerate(b.param_numels)
-              if not b.param_trainable or b.param_trainable[i]]
+    numels = trainable_numels(cost.base_profile.blocks[lo:hi])
     return 4 * max(numels) if numels else 0
+
+
+def trainable_numels(blocks) -> list[int]:
+    """Elements of each parameter of `blocks` (BlockProfile) that requires a gradient, in model order."""
+    return [n for b in blocks for i, n in enumerate(b.param_numels) if not b.param_trainable or b.param_trainable[i]]
 
 
 # ----------------------------------------------------------------------------- one device
@@ -374,9 +378,8 @@ def _data_parallel_memory(cost: CostModel, micro: int, precision: str, ckpt: int
         phases = _ddp_phases(cost, acts, micro, precision)
         # The optimizer step, after backward: Adam's two parameter-sized temporaries (where the
         # activations are small, as in a linear probe, the step peaks here; measured with MemTracker).
-        trains = [n for b in cost.base_profile.blocks for i, n in enumerate(b.param_numels)
-                  if not b.param_trainable or b.param_trainable[i]]
-        phases.append(_Phase(activations=0.0, other=float(optimizer_step_temp_bytes(cost.optimizer, trains))))
+        temps = optimizer_step_temp_bytes(cost.optimizer, trainable_numels(cost.base_profile.blocks))
+        phases.append(_Phase(activations=0.0, other=float(temps)))
     else:
         phases = _fsdp_phases(cost, acts, micro, precision, zero_stage, shards)
     if coupled is not None and cost.facts.batch_coupled:
