@@ -152,8 +152,7 @@ def zero1_owned_counts(cost: CostModel, shards: int) -> list[int]:
 def _zero1_owned_counts(cost: CostModel, shards: int) -> list[int]:
     """ZeroRedundancyOptimizer partitions every parameter it is given (hetsim gives it all of them),
     frozen ones included; a rank holds state and steps only for its trainable ones."""
-    numels = [(n, b.param_trainable[i] if b.param_trainable else True)
-              for b in cost.base_profile.blocks for i, n in enumerate(b.param_numels)]
+    numels = [(n, t) for b in cost.base_profile.blocks for n, t in zip(b.param_numels, b.trains, strict=True)]
     if not numels:
         total = cost.trainable_count()
         return [total // shards + (1 if r < total % shards else 0) for r in range(shards)]
@@ -283,7 +282,7 @@ def largest_param_bytes(cost: CostModel, lo: int = 0, hi: int | None = None) -> 
 
 def trainable_numels(blocks) -> list[int]:
     """Elements of each parameter of `blocks` (BlockProfile) that requires a gradient, in model order."""
-    return [n for b in blocks for i, n in enumerate(b.param_numels) if not b.param_trainable or b.param_trainable[i]]
+    return [n for b in blocks for n, t in zip(b.param_numels, b.trains, strict=True) if t]
 
 
 # ----------------------------------------------------------------------------- one device

@@ -77,9 +77,15 @@ class BlockProfile:
         return self.out_bytes_per_sample * self.out_itemsize.get(precision, 4) / 4
 
     @property
+    def trains(self) -> tuple[bool, ...]:
+        """Per entry of `param_numels`, whether it receives a gradient (`param_trainable`, or every one
+        where that is empty)."""
+        return self.param_trainable or (True,) * len(self.param_numels)
+
+    @property
     def trainable_count(self) -> int:
         """Parameters that receive a gradient (all of them unless some are frozen)."""
-        return self.param_count - sum(n for n, t in zip(self.param_numels, self.param_trainable, strict=False) if not t)
+        return self.param_count - sum(n for n, t in zip(self.param_numels, self.trains, strict=True) if not t)
 
     @property
     def trainable_bytes(self) -> int:
