@@ -106,12 +106,9 @@ def test_a_step_with_small_activations_peaks_in_the_optimizer_step():
     """AdamW (foreach=False) holds two temporaries the size of the parameter it updates: where the
     activations are small the step peaks there.  Only trainable parameters are stepped (a linear probe
     on a frozen MLP measured exactly params + gradients + state + twice its largest trainable weight)."""
-    import sys
+    from pipeline_synth import synthetic_cost
 
     from hetsim.model.memory import data_parallel_memory
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from pipeline_synth import synthetic_cost
 
     base = synthetic_cost([1.0], [1e-3, 1e-3], param_counts=[5000, 100], act_bytes=[1.0, 1.0], out_bytes=[4, 4])
     model = next(iter(base.profiles.models.values()))
