@@ -37,6 +37,10 @@ class CatalogEntry:
     nvlink_gbs_bidir: float
     base_clock_mhz: float
     boost_clock_mhz: float
+    tensor_acc16_ratio: float = 1.0
+    """The chip's FP16-accumulate tensor rate over the datasheet's FP32-accumulate one: 2 on GeForce cards
+    (RTX 2080 Ti, 3090, 4090), whose FP32-accumulate (and TF32) rates are half of what the same silicon
+    does in its professional versions."""
     notes: str
 
 
@@ -59,6 +63,7 @@ def load_catalog() -> dict[str, CatalogEntry]:
             nvlink_gbs_bidir=float(row["nvlink_gbs_bidir"]),
             base_clock_mhz=float(row.get("base_clock_mhz") or 0.0),
             boost_clock_mhz=float(row.get("boost_clock_mhz") or 0.0),
+            tensor_acc16_ratio=float(row.get("tensor_acc16_ratio") or 1.0),
             notes=row["notes"],
         )
     return out
@@ -103,6 +108,7 @@ def catalog_device(entry: CatalogEntry, index: int) -> Device:
         peak_fp16_flops=(entry.fp16_tensor_tflops or entry.fp32_tflops) * 1e12,
         mem_bw_bps=entry.mem_bw_gbs * 1e9,
         base_clock_ratio=entry.base_clock_mhz / entry.boost_clock_mhz if entry.boost_clock_mhz > 0 else 1.0,
+        tensor_feed=entry.tensor_acc16_ratio,
     )
 
 

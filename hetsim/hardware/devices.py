@@ -72,6 +72,9 @@ class Device:
     mem_bw_bps: float = 0.0
     base_clock_ratio: float = 1.0
     """Base over boost clock: the datasheet peaks are at boost; a power-limited GPU sustains less."""
+    tensor_feed: float = 1.0
+    """What the tensor cores' data paths are built to feed, over their datasheet (FP32-accumulate) rate: 2 on
+    GeForce cards, whose tensor issue rate is halved on a chip fed for the full one."""
 
     @property
     def supports_bf16(self) -> bool:

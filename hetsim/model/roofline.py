@@ -8,7 +8,8 @@ Each aten operator of a block's forward or backward (hetsim.profiling.shapes) ta
   cores from Ampere on (`torch.backends.cudnn.allow_tf32` defaults to True) while matmuls and
   attention stay on FP32 CUDA cores (`torch.backends.cuda.matmul.allow_tf32` defaults to False);
   under fp16/bf16 autocast both run on FP16/BF16 tensor cores (cc >= 7.0; bf16 from 8.0) with
-  FP32 accumulation (the datasheet rate a GeForce card halves); everything else (normalisation,
+  FP32 accumulation (the datasheet rate a GeForce card halves on a chip fed for the full rate,
+  `tensor_share`); everything else (normalisation,
   activations, adds, casts, gradient accumulation) is bandwidth-bound.  Low precision moves a
   fitted fraction of fp32's per-sample bytes; weights are read at fp32 and cast.  Math runs at a
   sustained clock between the datasheet's base and boost clocks.  A 3x3 stride-1 convolution on
@@ -107,7 +108,7 @@ class Efficiency:
     resnet50's 161 tensors, about 65 us a tensor with its Python; half of it on faster hosts)."""
 
 
-EFFICIENCY = Efficiency(tensor=0.65, simt=0.8, mem=0.55, low_bytes=0.5, clock=0.0, winograd=4.0)
+EFFICIENCY = Efficiency(tensor=0.6, simt=0.8, mem=0.55, low_bytes=0.5, clock=0.0, winograd=4.0)
 """Fitted (grid search, `python -m hetsim.reporting.whatif --fit`) on the published rows of six GPUs
 (`hetsim.reporting.whatif.FIT_GPUS`), validated on the other GPUs' rows; see README."""
 
@@ -131,6 +132,15 @@ def math_rate(dev: Device, kind: str, precision: str, matmul_tf32: bool = False)
     return dev.peak_fp32_flops, "simt"
 
 
+def tensor_share(dev: Device, eff: Efficiency = EFFICIENCY) -> float:
+    """Fraction of the datasheet tensor rate that kernels sustain.  A kernel's time is its math at the issue
+    rate plus the stalls of feeding it, which a full-rate chip (`Device.tensor_feed` 1) makes `eff.tensor`
+    of its peak: stalls cost 1/e - 1 of the math.  A GeForce card issues at half the rate of the same silicon
+    (`tensor_feed` 2), fed as fast, so its stalls cost half as much against its own peak:
+    1 / (1 + (1/e - 1) / feed); 0.79 of it at e = 0.65."""
+    return 1.0 / (1.0 + (1.0 / eff.tensor - 1.0) / dev.tensor_feed)
+
+
 def clock_factor(dev: Device, eff: Efficiency = EFFICIENCY) -> float:
     """Sustained over boost clock: base + `eff.clock` x (boost - base), as a fraction of boost."""
     return dev.base_clock_ratio + eff.clock * (1.0 - dev.base_clock_ratio)
@@ -145,7 +155,7 @@ def op_time_s(op: OpCost, mb: float, dev: Device, precision: str, eff: Efficienc
     if op.kind != "mem" and op.flops_per_sample > 0:
         peak, unit = math_rate(dev, op.kind, precision, matmul_tf32)
         flops = op.flops_per_sample * mb
-        t_math = flops / (peak * eff.tensor) if unit == "tensor" else flops / simt_rate(dev, op.kind, eff)
+        t_math = flops / (peak * tensor_share(dev, eff)) if unit == "tensor" else flops / simt_rate(dev, op.kind, eff)
         if unit == "tensor" and precision == "fp32":  # cuDNN/cuBLAS pick the faster of TF32 and FP32 kernels
             t_math = min(t_math, flops / simt_rate(dev, op.kind, eff))
         t_math /= clock_factor(dev, eff)

@@ -174,7 +174,8 @@ def fit(rows: list[Published], grid=GRID, lows=(0.5, 0.6, 0.7, 0.8), clocks=(0.0
         for i, (r, (a, (opt, shapes, dev))) in enumerate(zip(rows, arrays, strict=True)):
             tb = (a[:, 2] + a[:, 3] * (low if r.precision != "fp32" else 1.0)) / m
             simt = a[:, 1] / np.where(a[:, 4] > 0, wino, 1.0)
-            tm = np.minimum(a[None, None, :, 0] / g[:, None, None], simt[None, None, :] / g[None, :, None])
+            tens_share = 1.0 / (1.0 + (1.0 / g - 1.0) / dev.tensor_feed)
+            tm = np.minimum(a[None, None, :, 0] / tens_share[:, None, None], simt[None, None, :] / g[None, :, None])
             tm = tm / clock_factor(dev, eff)
             ia, sl = optimizer_fit(shapes, dev, opt, eff)
             step = np.maximum(np.maximum(tm, tb), eff.launch_s).sum(axis=2) + ia + sl * sum(

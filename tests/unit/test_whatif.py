@@ -84,6 +84,24 @@ def test_winograd_gain_only_where_cuda_cores_run_the_convolution():
     assert op_time_s(wino, 64, a100, "fp32", eff) == pytest.approx(min(tf32, simt))
 
 
+def test_geforce_tensor_cores_sustain_more_of_their_halved_rate():
+    from dataclasses import replace
+
+    from hetsim.model.roofline import EFFICIENCY, OpCost, op_time_s, tensor_share
+
+    table = load_catalog()
+    rtx3090, a6000 = (catalog_device(table[k], 0) for k in ("rtx_3090", "rtx_a6000"))
+    assert (rtx3090.tensor_feed, a6000.tensor_feed) == (2.0, 1.0)
+    eff = replace(EFFICIENCY, tensor=0.6, launch_s=0.0)
+    assert tensor_share(a6000, eff) == pytest.approx(0.6)
+    assert tensor_share(rtx3090, eff) == pytest.approx(1 / (1 + (1 / 0.6 - 1) / 2))  # 0.75
+    # A matmul bound by its math: the 3090's datasheet rate is 71 against the A6000's 154.8 TFLOPS, but the
+    # 3090 sustains a larger share of it, so it is slower by less than the ratio of the rates.
+    mm = OpCost("matmul", 1e12, 0.0, 0.0)
+    t_3090, t_a6000 = (op_time_s(mm, 1, d, "fp16", eff) * d.base_clock_ratio for d in (rtx3090, a6000))
+    assert t_3090 / t_a6000 == pytest.approx(154.8 / 71 * 0.6 / 0.75)
+
+
 def test_low_precision_and_bigger_gpus_are_faster():
     shapes = whatif.model_shapes("resnet50@224")
     table = load_catalog()
