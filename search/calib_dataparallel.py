@@ -6,6 +6,7 @@ add beyond it, and what FSDP2 with CPU offload adds on one device alone.  Each i
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -21,7 +22,14 @@ from hetsim.hardware.cluster import Cluster
 from hetsim.model.costmodel import CostModel
 from hetsim.names import REPEATS
 from hetsim.profiling.obtain import Say
-from hetsim.profiling.store import ModelProfile, ProfileSet, group_key, model_profile_path, save
+from hetsim.profiling.store import (
+    ModelProfile,
+    ProfileSet,
+    group_key,
+    model_profile_path,
+    precision_action_key,
+    save,
+)
 from hetsim.types import Measurement
 
 from .realruns import robust_step_s, taken_in_turn
@@ -31,14 +39,20 @@ SMALL_BATCH_PER_DEVICE = 4
 
 
 def calibrate_dataparallel(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say, zero: bool,
-                           repeats: int = REPEATS, global_batch: int | None = None) -> ProfileSet:
+                           repeats: int = REPEATS, global_batch: int | None = None,
+                           precisions: tuple[str, ...] = ()) -> ProfileSet:
     """Every whole-cluster data-parallel term these profiles lack: the uniform and balanced data-parallel
-    steps and, with `zero`, the ZeRO-3, ZeRO-2, ZeRO-1 and one-device offload steps.  Their runs are taken
-    in turn first (`taken_in_turn`), then each term is solved in that order, each on the ones before it."""
+    steps and, with `zero`, the ZeRO-3, ZeRO-2, ZeRO-1 and one-device offload steps; then the uniform and
+    balanced steps again in each low precision of `precisions` (its own terms, which its data-parallel and
+    ZeRO plans read: `CostModel.sync_residual_s`).  Their runs are taken in turn first (`taken_in_turn`),
+    then each term is solved in that order, each on the ones before it."""
     terms = [calibrate_sync, calibrate_sync_balanced]
     if zero:
         terms += [calibrate_sharded, calibrate_zero2, calibrate_zero1, calibrate_offload_single]
-    with taken_in_turn(pending_plans(cluster, workload, profiles, global_batch, zero), cluster=cluster,
+    for prec in precisions:
+        terms += [functools.partial(calibrate_sync, precision=prec), functools.partial(calibrate_sync_balanced,
+                                                                                      precision=prec)]
+    with taken_in_turn(pending_plans(cluster, workload, profiles, global_batch, zero, precisions), cluster=cluster,
                        workload=workload, ref_probe_s=host_ref(profiles), steps=STEPS, say=say, repeats=repeats):
         for term in terms:
             profiles = term(cluster, workload, profiles, root, say, repeats=repeats, global_batch=global_batch)
@@ -46,7 +60,7 @@ def calibrate_dataparallel(cluster: Cluster, workload, profiles: ProfileSet, roo
 
 
 def pending_plans(cluster: Cluster, workload, profiles: ProfileSet, global_batch: int | None,
-                  zero: bool) -> list[tuple[str, object]]:
+                  zero: bool, precisions: tuple[str, ...] = ()) -> list[tuple[str, object]]:
     """(label, plan) of each term of `calibrate_dataparallel` that the profiles lack and that did not fail
     before, as its own function will choose it."""
     key = group_key(cluster.devices)
@@ -70,6 +84,13 @@ def pending_plans(cluster: Cluster, workload, profiles: ProfileSet, global_batch
         dev = max(range(len(cluster.devices)), key=lambda i: cluster.devices[i].speed)
         if lacks("offload_single_s", group_key([cluster.devices[dev]])):
             out.append(_offload_single_plan(cost, dev, global_batch))
+    for prec in precisions:
+        low = precision_action_key(key, prec)
+        if lacks("sync_residual_s", low):
+            out.append(uniform_plan(ddp, cost, global_batch, precision=prec))
+        if not workload.batch_coupled and lacks("sync_balanced_s", low):
+            found = _balanced_plan(cost, global_batch, prec)
+            out.append(found[0] if found else None)
     return [((ddp if isinstance(p, DDPPlan) else zero_).label(p), p) for p in out if p is not None]
 
 
@@ -86,13 +107,16 @@ def lacks_term(profiles: ProfileSet, field: str, key: str) -> bool:
 
 
 def calibrate_sync(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
-                   repeats: int = REPEATS, global_batch: int | None = None) -> ProfileSet:
+                   repeats: int = REPEATS, global_batch: int | None = None, precision: str = "fp32") -> ProfileSet:
     """Run the uniform data-parallel step on the whole cluster once and record what the simulated
-    gradient synchronisation misses (contention between ranks, gloo progress), per model kind."""
-
+    gradient synchronisation misses (contention between ranks, gloo progress), per model kind; a low
+    `precision` runs the step in it and records its own term."""
+    tag = "" if precision == "fp32" else f" in {precision}"
     return _calibrate_uniform(cluster, workload, profiles, root, say, DDP(), "sync_residual_s",
-                              "gradient synchronisation: a real uniform step",
-                              "the simulated bucket all-reduce stands alone", repeats=repeats, global_batch=global_batch)
+                              f"gradient synchronisation: a real uniform step{tag}",
+                              "the simulated bucket all-reduce stands alone" if precision == "fp32"
+                              else f"{precision} plans keep fp32's term", repeats=repeats, global_batch=global_batch,
+                              precision=precision)
 
 
 BALANCED_MIN_GAIN = 0.1
@@ -101,20 +125,22 @@ for its own data-parallel run (identical devices: none)."""
 
 
 def calibrate_sync_balanced(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
-                            repeats: int = REPEATS, global_batch: int | None = None) -> ProfileSet:
+                            repeats: int = REPEATS, global_batch: int | None = None,
+                            precision: str = "fp32") -> ProfileSet:
     """Run the data-parallel step at the split that balances the devices (the search's own solver,
     `balance_batch`, at the uniform plan's batch) and record its residual beside the uniform one's,
     with both steps' compute overlap (`ModelProfile.sync_balanced_s`): plans between them read the
     line through the two (`CostModel.sync_residual_s`).  Needs the uniform term; skipped where the
-    balanced split overlaps barely more than the uniform one."""
-    key = group_key(cluster.devices)
+    balanced split overlaps barely more than the uniform one.  A low `precision`: the same in it, on its
+    own uniform term."""
+    key = precision_action_key(group_key(cluster.devices), precision)
     tag = f"sync_balanced_s:{key}"
     models = profiles.models.values()
     if (workload.batch_coupled or not lacks_term(profiles, "sync_balanced_s", key)
             or not all(key in m.sync_residual_s for m in models)):
         return profiles
     cost = CostModel(cluster, profiles, workload.optimizer, has_batchnorm=workload.has_batchnorm)
-    found = _balanced_plan(cost, global_batch)
+    found = _balanced_plan(cost, global_batch, precision)
     if found is None:
         return profiles
     plan, at_uniform, at_plan = found
@@ -130,7 +156,8 @@ def calibrate_sync_balanced(cluster: Cluster, workload, profiles: ProfileSet, ro
                                              has_batchnorm=workload.has_batchnorm))[0].step_time_s
 
     say(f"calibrating gradient synchronisation: a real balanced step on all {len(cluster.devices)} devices "
-        f"({'/'.join(map(str, split))}; compute overlap {at_plan:.2f}, uniform {at_uniform:.2f})")
+        f"({'/'.join(map(str, split))}{'' if precision == 'fp32' else ' ' + precision}; compute overlap "
+        f"{at_plan:.2f}, uniform {at_uniform:.2f})")
     m, reals = whole_cluster_step(plan, cluster, workload, profiles, say, repeats)
     if reals is None:
         say(f"balanced data-parallel calibration failed ({m.status}); every split keeps the uniform term")
@@ -140,11 +167,11 @@ def calibrate_sync_balanced(cluster: Cluster, workload, profiles: ProfileSet, ro
         prof, sync_balanced_s={**prof.sync_balanced_s, key: (at_uniform, at_plan, term_for(reals[kind], predicted))}))
 
 
-def _balanced_plan(cost: CostModel, global_batch: int | None):
+def _balanced_plan(cost: CostModel, global_batch: int | None, precision: str = "fp32"):
     """(plan, the uniform plan's compute overlap, the plan's) of `calibrate_sync_balanced`: the uniform
-    data-parallel plan at the split `balance_batch` gives; None where there is none or it overlaps barely
-    more (`BALANCED_MIN_GAIN`) or is predicted not to fit."""
-    uniform = uniform_plan(DDP(), cost, global_batch)
+    data-parallel plan (in `precision`) at the split `balance_batch` gives; None where there is none or it
+    overlaps barely more (`BALANCED_MIN_GAIN`) or is predicted not to fit."""
+    uniform = uniform_plan(DDP(), cost, global_batch, precision=precision)
     if uniform is None:
         return None
     try:
@@ -247,11 +274,12 @@ def _offload_single_plan(cost: CostModel, dev: int, global_batch: int | None) ->
 
 def _calibrate_uniform(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say, strat, field: str,
                        what: str, fallback: str, zero_stage: int | None = None, repeats: int = REPEATS,
-                       global_batch: int | None = None) -> ProfileSet:
-    """Real runs of `strat`'s uniform plan (at `zero_stage` when given) on the whole cluster
+                       global_batch: int | None = None, precision: str = "fp32") -> ProfileSet:
+    """Real runs of `strat`'s uniform plan (at `zero_stage` when given, in `precision`) on the whole cluster
     (`uniform_plan`); its measured minus simulated step is stored in each model profile's `field`
-    under the cluster's group key (once per group)."""
-    key = group_key(cluster.devices)
+    under the cluster's group key (once per group; a low precision's under its own key, simulated with
+    its term at 0, not fp32's in its place)."""
+    key = precision_action_key(group_key(cluster.devices), precision)
     tag = f"{field}:{key}"
     if all(key in getattr(m, field) for m in profiles.models.values()):
         return profiles
@@ -260,9 +288,11 @@ def _calibrate_uniform(cluster: Cluster, workload, profiles: ProfileSet, root: P
         say(f"{what.split(':')[0]} calibration failed before ({failed}), not repeated (--reprofile measures "
             f"again); {fallback}")
         return profiles
-    cost = CostModel(cluster, profiles, workload.optimizer, has_batchnorm=workload.has_batchnorm,
+    bare = profiles if precision == "fp32" else replace(profiles, models={
+        k: replace(m, **{field: {**getattr(m, field), key: 0.0}}) for k, m in profiles.models.items()})
+    cost = CostModel(cluster, bare, workload.optimizer, has_batchnorm=workload.has_batchnorm,
                      batch_coupled=workload.batch_coupled)
-    plan = uniform_plan(strat, cost, global_batch, zero_stage)
+    plan = uniform_plan(strat, cost, global_batch, zero_stage, precision)
     if plan is None:
         return profiles
     say(f"calibrating {what} on all {len(cluster.devices)} devices ({'/'.join(map(str, plan.local_batch))})")
@@ -328,7 +358,8 @@ def record(profiles: ProfileSet, root: Path, workload,
     return replace(profiles, models=models)
 
 
-def uniform_plan(strat, cost: CostModel, global_batch: int | None, zero_stage: int | None = None):
+def uniform_plan(strat, cost: CostModel, global_batch: int | None, zero_stage: int | None = None,
+                 precision: str = "fp32"):
     """The uniform plan a data-parallel term is calibrated on: `strat`'s baseline (at `zero_stage` when
     given) at the search's global batch, the batch its baseline and its plans run at, when it is
     predicted to fit; else (or without one) at `SMALL_BATCH_PER_DEVICE` samples per device, at least
@@ -337,7 +368,7 @@ def uniform_plan(strat, cost: CostModel, global_batch: int | None, zero_stage: i
     8/8 and -8 ms at 16/16; the searches' uniform baseline (16/16 at the default batch of 32) was
     predicted 16-20 % slow in five of the fresh-clone searches the README keeps (resnet50 three
     times, gpt twice; -2 to +7.6 % in three others) while the term came from 8/8.  None when `strat`
-    has no uniform plan here."""
+    has no uniform plan here.  In a low `precision`: the same plan in it."""
     n = len(cost.cluster.devices)
     small = max(SMALL_BATCH_PER_DEVICE * n, 16)
     plan = None
@@ -348,6 +379,8 @@ def uniform_plan(strat, cost: CostModel, global_batch: int | None, zero_stage: i
                 return None
             if zero_stage is not None:
                 plan = replace(plan, zero_stage=zero_stage)
+            if precision != "fp32":
+                plan = replace(plan, precision=precision)
             strat.validate(plan, cost)
             if strat.predict(plan, cost)[0].feasible:
                 return plan

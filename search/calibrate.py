@@ -6,7 +6,7 @@ residual (the real data-parallel executor on one device at two batch sizes, in f
 precision searched that is not far slower: `LOW_PRECISION_SKIP`), the speed each slowed emulated device
 really runs at (`calibrate_speed`), the gradient synchronisation of a
 uniform data-parallel step on the whole cluster and again at the split that balances the devices
-(`calibrate_sync_balanced`), what a uniform ZeRO-3 (FSDP), ZeRO-2 and ZeRO-1 step adds to it and what
+(`calibrate_sync_balanced`; both again in each such low precision, for its own plans), what a uniform ZeRO-3 (FSDP), ZeRO-2 and ZeRO-1 step adds to it and what
 FSDP2 with CPU offload adds on one device alone (`hetsim.search.calib_dataparallel`), the per-action overhead of real pipelines (one-stage ones
 at up to three micro-batch sizes, and each multi-stage schedule), and (transformers) the
 per-all-reduce overhead of real tensor-parallel steps (`hetsim.search.calib_modelparallel`).  This
@@ -87,18 +87,20 @@ def _calibrate_all(cluster: Cluster, workload, profiles: ProfileSet, req: Profil
         profiles = calibrate_offload_single(cluster, workload, profiles, req.root, say, repeats=r, global_batch=gb)
     if real and len(cluster.devices) > 1:
         # The uniform data-parallel baseline always runs; the other terms only for the families searched.
+        lows = pipeline_precisions(cluster, profiles, req.precisions)
         profiles = calibrate_dataparallel(cluster, workload, profiles, req.root, say, searched("zero"), repeats=r,
-                                          global_batch=gb)
+                                          global_batch=gb, precisions=lows if searched("ddp", "zero") else ())
         if searched("pipeline", "hybrid"):
             profiles = calibrate_pipeline(cluster, workload, profiles, req.root, say, req.global_batch, repeats=r,
-                                          precisions=pipeline_precisions(cluster, profiles, req.precisions))
+                                          precisions=lows)
         if searched("tp"):
             profiles = calibrate_tp(cluster, workload, profiles, req.root, say, req.global_batch, repeats=r)
     return profiles
 
 
 def pipeline_precisions(cluster: Cluster, profiles: ProfileSet, precisions) -> tuple[str, ...]:
-    """The low precisions whose pipelines get calibration runs of their own (`calibrate_pipeline`): those
+    """The low precisions whose pipelines and data-parallel steps get calibration runs of their own
+    (`calibrate_pipeline`, `calibrate_dataparallel`): those
     every device trains in, that no profile refuses or times too slow to be calibrated (as the single-device
     residual decides), and not fp16, which pipelined runs refuse (no loss scaling)."""
     def usable(prec: str) -> bool:

@@ -126,13 +126,13 @@ def data_parallel_compute(cost: CostModel, plan) -> list[float]:
 
 
 def step_terms(cost: CostModel, devices: tuple[int, ...], steps: list[_DeviceStep],
-               ar: tuple[float, ...]) -> tuple[tuple[float, ...], float]:
+               ar: tuple[float, ...], precision: str = "fp32") -> tuple[tuple[float, ...], float]:
     """(each device's `rank_comm_cpu_s`, the calibrated sync at the step's `compute_overlap`; 0 without
     buckets) of a data-parallel step whose devices compute `steps`: what the graph and the closed form
     both add."""
     compute = [st.compute_s for st in steps]
     cpu_comm = rank_comm_cpu_s(cost, devices, list(zip(*[st.ready_s for st in steps])), compute, ar)
-    return cpu_comm, cost.sync_residual_s(devices, compute_overlap(compute)) if ar else 0.0
+    return cpu_comm, cost.sync_residual_s(devices, compute_overlap(compute), precision) if ar else 0.0
 
 
 def rank_comm_cpu_s(cost: CostModel, devices: tuple[int, ...], ready: list[tuple[float, ...]],
@@ -180,7 +180,7 @@ def data_parallel_timing(cost: CostModel, devices: tuple[int, ...], local_batch:
     bcast = None if broadcast_bytes is None else max(0.0, float(cost.allgather_s(broadcast_bytes, devices)
                                                                + broadcast_extra_s))
     ready = list(zip(*[st.ready_s for st in steps]))  # per bucket: each device's time, from its start
-    cpu_comm, sync = step_terms(cost, devices, steps, ar)
+    cpu_comm, sync = step_terms(cost, devices, steps, ar, precision)
     compute = [st.compute_s + x for st, x in zip(steps, cpu_comm)]  # the graph's COMM_CPU task after the last backward
 
     # Step 1: every device starts at 0.

@@ -182,7 +182,7 @@ def _sharded_optimizer(st: _Sharded) -> None:
         # than simulated (27 ms; the term: 38 ms).  resnet18@64 zero3 offload 22/10, five fresh benches
         # of 2026-12-04/05 with both terms added: +8.7 to +13.5 % slow (the terms 24-54 and 59-144 ms).
         fsdp = max(fsdp, max(cost.offload_single_s(d) for d in st.devs))
-    sync = cost.sync_residual_s(st.devs) + fsdp
+    sync = cost.sync_residual_s(st.devs, precision=plan.precision) + fsdp
     last_rs = st.last_rs
     if sync and last_rs:
         last_rs = [g.add(Resource.COMM, TaskKind.SYNC, sync, list(last_rs), label="sync (calibrated)")]

@@ -137,9 +137,9 @@ def data_parallel_graph(cost: CostModel, devices: tuple[int, ...], local_batch: 
     group = tuple(devices)
     if gather is None:
         cpu_comm, sync = step_terms(cost, group, device_steps(cost, group, local_batch, accum, precision, ckpt),
-                                    comm_plan(cost, group)[1])
+                                    comm_plan(cost, group)[1], precision)
     else:  # a coupled step's backward waits for the gather: the uniform term, no core share
-        cpu_comm, sync = (0.0,) * len(devices), cost.sync_residual_s(group)
+        cpu_comm, sync = (0.0,) * len(devices), cost.sync_residual_s(group, precision=precision)
     for i, d in enumerate(devices):
         res = Resource.device(d)
         micro = split_evenly(local_batch[i], accum)

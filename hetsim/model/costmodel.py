@@ -303,7 +303,7 @@ class CostModel:
         vals = [read(f) for f in self.memo(("pipe_action_fits", field_name, key), fits)]
         return max(vals) if vals else 0.0
 
-    def sync_residual_s(self, group: tuple[int, ...], overlap: float | None = None) -> float:
+    def sync_residual_s(self, group: tuple[int, ...], overlap: float | None = None, precision: str = "fp32") -> float:
         """Calibrated extra time of a data-parallel gradient synchronisation over this group: the
         uniform step's term, or, given the plan's compute `overlap` (`_dp_closed.compute_overlap`)
         and a balanced step recorded as well (`ModelProfile.sync_balanced_s`), the line between the
@@ -313,17 +313,23 @@ class CostModel:
         all-reduces on their own cores) while both compute, and a split that balances the devices
         keeps both busy for the whole step where the uniform one leaves the fast rank idle for half of
         it.  resnet50@64 on the default cluster, one recording, the uniform term alone: 16/16 -3 and
-        +1 %, 27/5 -14 and -10 %, 24/8 -16 and -20 % (overlap 0.55, 0.89 and 0.80)."""
-        base = self._group_term("sync_residual_s", group)
+        +1 %, 27/5 -14 and -10 %, 24/8 -16 and -20 % (overlap 0.55, 0.89 and 0.80).
+
+        A low `precision` reads the terms its own runs measured (`precision_action_key`, both of them, where
+        its uniform term is recorded), else fp32's: gpt@tiny@64 on the default cluster, 2026-12-06, with the
+        fp32 terms: ddp 22/10 bf16 -15.7 %, zero1 22/10 bf16 -15.9 %, ddp 22/10 accum 2 bf16 -17.6 %, the
+        fp32 baseline +4.4 %."""
+        prec = self.memo(("sync_precision", tuple(group), precision), lambda: self._term_precision(group, precision))
+        base = self._group_term("sync_residual_s", group, precision=prec)
         if overlap is None or len(group) <= 1:
             return base
 
         def point() -> tuple[float, float, float] | None:
-            key = group_key([self.device(d) for d in group])
+            key = precision_action_key(group_key([self.device(d) for d in group]), prec)
             return next((m.sync_balanced_s[key] for m in self.profiles.models.values() if key in m.sync_balanced_s),
                         None)
 
-        found = self.memo(("sync_balanced", tuple(group)), point)
+        found = self.memo(("sync_balanced", tuple(group), prec), point)
         if found is None or found[1] <= found[0]:
             return base
         at_uniform, at_balanced, term = found
@@ -354,7 +360,13 @@ class CostModel:
         group (`ModelProfile.tp_pipeline_scale`; 0 where no PP x TP run calibrated it; at least -0.9)."""
         return self._group_term("tp_pipeline_scale", group, floor=-0.9)
 
-    def _group_term(self, field: str, group: tuple[int, ...], min_devices: int = 2, floor: float = 0.0) -> float:
+    def _term_precision(self, group: tuple[int, ...], precision: str) -> str:
+        """`precision` where its own data-parallel term is recorded for this group, else 'fp32'."""
+        key = precision_action_key(group_key([self.device(d) for d in group]), precision)
+        return precision if any(key in m.sync_residual_s for m in self.profiles.models.values()) else "fp32"
+
+    def _group_term(self, field: str, group: tuple[int, ...], min_devices: int = 2, floor: float = 0.0,
+                    precision: str = "fp32") -> float:
         """A calibrated per-group term of the model profiles, at least `floor` (0 for fewer than
         `min_devices` or an uncalibrated group); memoised, since the closed forms ask for it on every
         evaluation."""
@@ -362,11 +374,11 @@ class CostModel:
             return 0.0
 
         def term() -> float:
-            key = group_key([self.device(d) for d in group])
+            key = precision_action_key(group_key([self.device(d) for d in group]), precision)
             vals = [getattr(m, field)[key] for m in self.profiles.models.values() if key in getattr(m, field)]
             return max(floor, max(vals)) if vals else 0.0
 
-        return self.memo(("group_term", field, tuple(group)), term)
+        return self.memo(("group_term", field, tuple(group), precision), term)
 
     def opt_s(self, dev: int, param_count: float) -> float:
         prof, mult = self._scale[dev]
