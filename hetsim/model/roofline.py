@@ -132,13 +132,14 @@ def math_rate(dev: Device, kind: str, precision: str, matmul_tf32: bool = False)
     return dev.peak_fp32_flops, "simt"
 
 
-def tensor_share(dev: Device, eff: Efficiency = EFFICIENCY) -> float:
-    """Fraction of the datasheet tensor rate that kernels sustain.  A kernel's time is its math at the issue
-    rate plus the stalls of feeding it, which a full-rate chip (`Device.tensor_feed` 1) makes `eff.tensor`
-    of its peak: stalls cost 1/e - 1 of the math.  A GeForce card issues at half the rate of the same silicon
-    (`tensor_feed` 2), fed as fast, so its stalls cost half as much against its own peak:
-    1 / (1 + (1/e - 1) / feed); 0.79 of it at e = 0.65."""
-    return 1.0 / (1.0 + (1.0 / eff.tensor - 1.0) / dev.tensor_feed)
+def tensor_share(e, feed: float):
+    """Fraction of the datasheet tensor rate that kernels sustain, for a tensor efficiency `e` (a float, or
+    an array of them: `hetsim.reporting.whatif.fit`) and a device's `Device.tensor_feed`.  A kernel's time is
+    its math at the issue rate plus the stalls of feeding it, which a full-rate chip (feed 1) makes e of its
+    peak: stalls cost 1/e - 1 of the math.  A GeForce card issues at half the rate of the same silicon
+    (feed 2), fed as fast, so its stalls cost half as much against its own peak: 1 / (1 + (1/e - 1) / feed);
+    0.75 of it at e = 0.6."""
+    return 1.0 / (1.0 + (1.0 / e - 1.0) / feed)
 
 
 def clock_factor(dev: Device, eff: Efficiency = EFFICIENCY) -> float:
@@ -155,7 +156,8 @@ def op_time_s(op: OpCost, mb: float, dev: Device, precision: str, eff: Efficienc
     if op.kind != "mem" and op.flops_per_sample > 0:
         peak, unit = math_rate(dev, op.kind, precision, matmul_tf32)
         flops = op.flops_per_sample * mb
-        t_math = flops / (peak * tensor_share(dev, eff)) if unit == "tensor" else flops / simt_rate(dev, op.kind, eff)
+        t_math = (flops / (peak * tensor_share(eff.tensor, dev.tensor_feed)) if unit == "tensor"
+                  else flops / simt_rate(dev, op.kind, eff))
         if unit == "tensor" and precision == "fp32":  # cuDNN/cuBLAS pick the faster of TF32 and FP32 kernels
             t_math = min(t_math, flops / simt_rate(dev, op.kind, eff))
         t_math /= clock_factor(dev, eff)

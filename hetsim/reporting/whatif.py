@@ -162,7 +162,7 @@ def fit(rows: list[Published], grid=GRID, lows=(0.5, 0.6, 0.7, 0.8), clocks=(0.0
 
     import numpy as np
 
-    from hetsim.model.roofline import optimizer_fit
+    from hetsim.model.roofline import optimizer_fit, tensor_share
 
     arrays = [_row_arrays(r) for r in rows]
     pub = np.array([r.samples_per_s for r in rows])
@@ -174,8 +174,8 @@ def fit(rows: list[Published], grid=GRID, lows=(0.5, 0.6, 0.7, 0.8), clocks=(0.0
         for i, (r, (a, (opt, shapes, dev))) in enumerate(zip(rows, arrays, strict=True)):
             tb = (a[:, 2] + a[:, 3] * (low if r.precision != "fp32" else 1.0)) / m
             simt = a[:, 1] / np.where(a[:, 4] > 0, wino, 1.0)
-            tens_share = 1.0 / (1.0 + (1.0 / g - 1.0) / dev.tensor_feed)
-            tm = np.minimum(a[None, None, :, 0] / tens_share[:, None, None], simt[None, None, :] / g[None, :, None])
+            share = tensor_share(g, dev.tensor_feed)
+            tm = np.minimum(a[None, None, :, 0] / share[:, None, None], simt[None, None, :] / g[None, :, None])
             tm = tm / clock_factor(dev, eff)
             ia, sl = optimizer_fit(shapes, dev, opt, eff)
             step = np.maximum(np.maximum(tm, tb), eff.launch_s).sum(axis=2) + ia + sl * sum(

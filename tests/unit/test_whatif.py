@@ -93,8 +93,8 @@ def test_geforce_tensor_cores_sustain_more_of_their_halved_rate():
     rtx3090, a6000 = (catalog_device(table[k], 0) for k in ("rtx_3090", "rtx_a6000"))
     assert (rtx3090.tensor_feed, a6000.tensor_feed) == (2.0, 1.0)
     eff = replace(EFFICIENCY, tensor=0.6, launch_s=0.0)
-    assert tensor_share(a6000, eff) == pytest.approx(0.6)
-    assert tensor_share(rtx3090, eff) == pytest.approx(1 / (1 + (1 / 0.6 - 1) / 2))  # 0.75
+    assert tensor_share(eff.tensor, a6000.tensor_feed) == pytest.approx(0.6)
+    assert tensor_share(eff.tensor, rtx3090.tensor_feed) == pytest.approx(1 / (1 + (1 / 0.6 - 1) / 2))  # 0.75
     # A matmul bound by its math: the 3090's datasheet rate is 71 against the A6000's 154.8 TFLOPS, but the
     # 3090 sustains a larger share of it, so it is slower by less than the ratio of the rates.
     mm = OpCost("matmul", 1e12, 0.0, 0.0)
