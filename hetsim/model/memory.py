@@ -175,7 +175,11 @@ class _BlockActs:
     """Bytes block k holds while it runs backward (recomputed when checkpointed)."""
     shared: list[float]
     """Bytes of block k's saved input that are the previous block's saved output (one storage,
-    subtracted from `kept` and `full`); a pipeline stage's first block owns its received input."""
+    subtracted from `kept` and `full`)."""
+    input_in_full: list[float]
+    """Bytes of block k's input that `full` (and `kept`, unless the block is checkpointed) still
+    counts as block k's own: its estimated saved input where the previous block is checkpointed and
+    nothing was subtracted as shared; 0 elsewhere."""
 
 
 def _block_activations(cost: CostModel, mb: float, precision: str, ckpt: int) -> _BlockActs:
@@ -204,7 +208,7 @@ def _block_activations(cost: CostModel, mb: float, precision: str, ckpt: int) ->
             own = sum(max(0.0, a - o) for a, o in zip(act, overlap))
             if own > whole(mb) > 0:
                 scale = whole(mb) / own
-    kept, full, shared = [], [], []
+    kept, full, shared, input_in_full = [], [], [], []
     for k in range(n):
         # Only a block that is not checkpointed saves its output for the next block to share.
         ovl = overlap[k] if k >= 1 and k - 1 >= ckpt else 0.0
@@ -212,7 +216,8 @@ def _block_activations(cost: CostModel, mb: float, precision: str, ckpt: int) ->
         kept.append(max(0.0, inp[k] - ovl) if k < ckpt else mine)
         full.append(mine)
         shared.append(ovl)
-    return _BlockActs(kept, full, shared)
+        input_in_full.append(0.0 if ovl else min(mine, overlap[k] * scale))
+    return _BlockActs(kept, full, shared, input_in_full)
 
 
 block_activations = _block_activations

@@ -389,3 +389,36 @@ def test_multi_stage_schedules_keep_boundary_tensors_until_the_step_ends():
     assert transient[8] - transient[2] >= 6 * 4 * big
     one = rank_memory(cost, rank_actions("1F1B", 2, 8, 1)[0], (0, 2, 4), 1, "fp32", 0)
     assert one.activations_bytes + one.other_bytes < 8 * big
+
+
+def test_a_pipeline_stage_holds_its_received_input_whether_or_not_its_first_block_saves_it():
+    """torch's pipeline stage keeps each micro-batch's received input until its backward.  A first
+    block that saves that input (the whole-model calibration says adjacent blocks share it) holds it
+    once; one that saves something else (a cast under autocast) holds the input besides: a ConvNeXt-like
+    model's bf16 stages measured their fp32 inputs, 0.79 MiB a stage and micro-batch, on top of the
+    predicted activations."""
+    from dataclasses import replace
+
+    from hetsim.strategies._pipeline_memory import rank_memory
+    from hetsim.strategies._pipeline_sched import rank_actions
+    from pipeline_synth import synthetic_cost
+
+    from hetsim.model.costmodel import CostModel
+    from hetsim.profiling.store import MemoryCalibration, ProfileSet
+    from hetsim.types import Fit
+
+    base = synthetic_cost([1.0, 1.0], [1e-3] * 2, act_bytes=[1e4] * 2, out_bytes=[1000] * 2)
+    model = next(iter(base.profiles.models.values()))
+
+    def rank1(saved_per_sample: float) -> int:
+        cal = MemoryCalibration(saved_bytes={"fp32": Fit(intercept=0.0, slope=saved_per_sample)},
+                                temp_bytes={"fp32": Fit(intercept=0.0, slope=0.0)})
+        prof = replace(model, memory=cal)
+        cost = CostModel(base.cluster, ProfileSet(models={prof.device_kind: prof}, comm=base.profiles.comm), "adamw")
+        return rank_memory(cost, rank_actions("GPipe", 2, 2, 1)[1], (0, 1, 2), 4, "fp32", 0).activations_bytes
+
+    shares_input = rank1(2e4 - 1000)  # the second block saves the first one's output: one storage
+    saves_a_cast = rank1(2e4)  # the blocks' saved bytes are all their own
+    # Two micro-batches of 4 samples in flight on the last stage, each holding its 4 x 1000-byte input.
+    assert saves_a_cast - shares_input == 2 * 4 * 1000
+    assert shares_input >= 2 * 4 * 10_000
