@@ -173,13 +173,10 @@ class _BlockActs:
     """Bytes block k keeps from its forward until its backward."""
     full: list[float]
     """Bytes block k holds while it runs backward (recomputed when checkpointed)."""
-    shared: list[float]
-    """Bytes of block k's saved input that are the previous block's saved output (one storage,
-    subtracted from `kept` and `full`)."""
     input_in_full: list[float]
     """Bytes of block k's input that `full` (and `kept`, unless the block is checkpointed) still
-    counts as block k's own: its estimated saved input where the previous block is checkpointed and
-    nothing was subtracted as shared; 0 elsewhere."""
+    counts as block k's own: its estimated saved input where the previous block is checkpointed, so
+    nothing was subtracted as the previous block's saved output (one storage); 0 elsewhere."""
 
 
 def _block_activations(cost: CostModel, mb: float, precision: str, ckpt: int) -> _BlockActs:
@@ -208,20 +205,19 @@ def _block_activations(cost: CostModel, mb: float, precision: str, ckpt: int) ->
             own = sum(max(0.0, a - o) for a, o in zip(act, overlap))
             if own > whole(mb) > 0:
                 scale = whole(mb) / own
-    kept, full, shared, input_in_full = [], [], [], []
+    kept, full, input_in_full = [], [], []
     for k in range(n):
         # Only a block that is not checkpointed saves its output for the next block to share.
         ovl = overlap[k] if k >= 1 and k - 1 >= ckpt else 0.0
         mine = max(0.0, act[k] - ovl) * scale
         kept.append(max(0.0, inp[k] - ovl) if k < ckpt else mine)
         full.append(mine)
-        shared.append(ovl)
         input_in_full.append(0.0 if ovl else min(mine, overlap[k] * scale))
-    return _BlockActs(kept, full, shared, input_in_full)
+    return _BlockActs(kept, full, input_in_full)
 
 
 block_activations = _block_activations
-"""Per block: bytes kept from forward to backward, held during its backward, shared with the previous block."""
+"""Per block: bytes kept from forward to backward, held during its backward, and of its input still counted as its own."""
 
 
 def optimizer_step_temp_bytes(optimizer: str, param_numels) -> int:
