@@ -29,7 +29,7 @@ from hetsim.search import golden
 
 from hetsim import strategies
 from hetsim.execution.runner import measure
-from hetsim.profiling.hostspeed import profile_ref
+from hetsim.profiling.hostspeed import at_ref, profile_ref
 from hetsim.reporting.decision import interval_rel, outside_interval, profile_spread
 from hetsim.serial import to_dict
 
@@ -181,7 +181,8 @@ def test_recording_repeatability(ctx, cost, cluster, workload, profiles):
     cost2 = CostModel(cluster, again, workload.optimizer, has_batchnorm=workload.has_batchnorm,
                       batch_coupled=workload.batch_coupled)
     ref1, ref2 = profile_ref(profiles.models.values()), profile_ref(again.models.values())
-    scale = ref1 / ref2 if ref1 > 0 and ref2 > 0 else 1.0
+    elasticity = next((m.probe_elasticity for m in again.models.values() if m.probe_s), 1.0)
+    scale = at_ref([1.0], [ref2], ref1, elasticity)[0]  # the second recording's times at the first's host speed
     rows = []
     for plan in suite_plans(ctx):
         strat = strategies.get(plan.strategy)

@@ -157,8 +157,13 @@ class Measurement:
     probe_s: float | None = None
     """Median host-speed probe of the run (hetsim.profiling.hostspeed; None when not probed, e.g. on GPUs)."""
     steps_per_probe: float | None = None
-    """The step time in probe times: each step over the ranks' mean probe taken before it
-    (hetsim.profiling.hostspeed.shared_probes), median per rank, slowest rank (None when not probed)."""
+    """The step time in probe units: each step over the ranks' mean probe taken before it
+    (hetsim.profiling.hostspeed.shared_probes) raised to `probe_elasticity`, median per rank, slowest
+    rank (None when not probed)."""
+    probe_elasticity: float = 1.0
+    """The exponent `steps_per_probe` was taken with (hetsim.profiling.hostspeed.ELASTICITY when the
+    run was measured; 1.0 in measurements written before the exponent existed, which divided by the
+    probe itself)."""
     step_starts_s: tuple[tuple[float, ...], ...] = ()
     """The measured timeline: per rank, each timed step's start in seconds after the earliest
     rank's first timed step (empty when not recorded)."""
@@ -178,7 +183,7 @@ class Measurement:
         `probe_s`); the raw step time when either side was not probed."""
         if self.steps_per_probe is None or not ref_probe_s:
             return self.step_time_s
-        return self.steps_per_probe * ref_probe_s
+        return self.steps_per_probe * ref_probe_s ** self.probe_elasticity
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

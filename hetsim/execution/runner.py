@@ -24,7 +24,7 @@ from hetsim.errors import HetsimError
 from hetsim.execution import warm
 from hetsim.execution.worker import Fault, Job, RankResult, summarize_steps
 from hetsim.hardware.cluster import Cluster
-from hetsim.profiling.hostspeed import ref_of
+from hetsim.profiling.hostspeed import ELASTICITY, ref_of
 from hetsim.profiling.store import CommProfile
 from hetsim.serial import dump_json, from_dict, to_dict
 from hetsim.types import Fit, Measurement
@@ -243,6 +243,7 @@ def measure(plan, *, cluster: Cluster, workload_spec: str, optimizer: str, steps
                            peak_mem_bytes=tuple(m.total_bytes for m in mems), memory=mems, rank_median_step_s=meds,
                            wall_s=wall, probe_s=ref_of(probes) if probed else None,
                            steps_per_probe=summarize_steps(ranks, 1.0)[0] if probed else None,
+                           probe_elasticity=ELASTICITY,
                            **measured_timeline(ranks))
     return _failure(by_rank, n, tail, timed_out, timeout_s, wall)
 

@@ -10,9 +10,9 @@ one thread) slows down with the phases: the step-to-probe ratio of those windows
 CV of 3.6-5% where the step alone varied 14.5-15%.  A small convolution that fits in cache tracked
 the phases but not their size (CV 6.5%), hence a whole small network.
 
-Use: every timed CPU quantity is taken beside a probe time p, and kept as t x ref / p, where ref
-is the profile's median probe (`ModelProfile.probe_s`): "this time, at the speed the host had
-when the profile was recorded".  In a run of several ranks p is rank 0's probe of that step, timed
+Use: every timed CPU quantity is taken beside a probe time p, and kept as t x (ref / p)^ELASTICITY,
+where ref is the profile's median probe (`ModelProfile.probe_s`): "this time, at the speed the host
+had when the profile was recorded".  In a run of several ranks p is rank 0's probe of that step, timed
 alone while the others wait (`RunProbe`), which every rank records (`shared_probes` combines them).  Measurements keep their raw times too.  GPU times are not
 probed (a GPU is not shared with the host's other guests); their profiles have probe_s = 0.
 """
@@ -27,6 +27,20 @@ from collections.abc import Sequence
 PROBE_BATCH = 2
 PROBE_IMAGE = 64
 PROBE_REPS = 2
+
+ELASTICITY = 0.7
+"""How much of the probe's change a step follows: log step moves by this much per unit of log probe.
+
+Measured here (2 vCPUs, AMD EPYC and an earlier VM), every way giving less than 1:
+- within each bench run, over the three passes of every plan (pooled, each plan's mean removed):
+  0.68 over 1,680 resnet18@64 passes and 0.68 over 570 gpt@tiny@64 passes (results/bench/runs);
+- the two recordings of one bench, made at probes of 16.6 and 14.5 ms, predicted the suite alike
+  at 0.73 (with 1 their normalised predictions were 4.1 % apart, every plan on one side);
+- one process timing probe and step in turn: 0.51-0.64.
+With 1 (t x ref / p, until 2026-12-06) a run in a fast phase read slow and one in a slow phase fast:
+three user-model searches had normalised errors of -11.9, +18.2 and -16 % where the raw steps were
+within 4-8 % of their predictions.  The slope of the pooled fit is the factor that leaves the least
+spread in the normalised steps with probes as noisy as these (results/README.md)."""
 
 
 class HostProbe:
@@ -69,7 +83,9 @@ class RunProbe:
 
     With more ranks than cores every rank gets cores / ranks of the host (the emulated devices
     compute or spin all step long), so the time returned is the lone probe x ranks / cores: each
-    emulated device is then compared at the speed of a whole core, as its profile was recorded."""
+    emulated device is then compared at the speed of a whole core, as its profile was recorded.
+    That share is not a phase of the host: the lone probe is multiplied by share^(1 / ELASTICITY),
+    so that `at_ref` divides the step by the whole share and normalises only the probe's phase."""
 
     def __init__(self) -> None:
         import torch.distributed as dist
@@ -79,7 +95,7 @@ class RunProbe:
         self._probe = HostProbe() if self._rank == 0 else None
         local = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())) if self._together else 1
         self.share = max(1.0, local / host_cores())
-        """Ranks per core of this host (1 with a core each): the factor on the lone probe."""
+        """Ranks per core of this host (1 with a core each)."""
 
     def __call__(self) -> float:
         if not self._together:
@@ -90,7 +106,7 @@ class RunProbe:
         dist.barrier()
         t = torch.tensor([self._probe() if self._probe is not None else 0.0], dtype=torch.float64)
         dist.broadcast(t, 0)
-        return float(t.item()) * self.share
+        return with_share(float(t.item()), self.share)
 
 
 def host_cores() -> int:
@@ -101,11 +117,19 @@ def host_cores() -> int:
         return os.cpu_count() or 1
 
 
-def at_ref(times: Sequence[float], probes: Sequence[float], ref: float) -> list[float]:
-    """Times taken beside probe times, expressed at the host speed whose probe time is `ref`."""
+def with_share(lone: float, share: float) -> float:
+    """The probe time to record for a step run on 1/`share` of a core while the lone probe read `lone`:
+    `at_ref` then divides the step by `share` whole and normalises the probe's own phase by ELASTICITY."""
+    return lone * share ** (1.0 / ELASTICITY)
+
+
+def at_ref(times: Sequence[float], probes: Sequence[float], ref: float,
+           elasticity: float = ELASTICITY) -> list[float]:
+    """Times taken beside probe times, expressed at the host speed whose probe time is `ref`:
+    t x (ref / p)^elasticity (`ELASTICITY`)."""
     if not ref or len(probes) != len(times) or not all(p > 0 for p in probes):
         return list(times)
-    return [t * ref / p for t, p in zip(times, probes)]
+    return [t * (ref / p) ** elasticity for t, p in zip(times, probes)]
 
 
 def shared_probes(per_rank: Sequence[Sequence[float]]) -> list[float]:

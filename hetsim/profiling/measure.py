@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from hetsim.model.costmodel import LOW_PRECISION_SKIP
-from hetsim.profiling.hostspeed import HostProbe, at_ref, ref_of
+from hetsim.profiling.hostspeed import ELASTICITY, HostProbe, at_ref, ref_of
 from hetsim.profiling.memcal import profile_memory
 from hetsim.profiling.precision import screen_precisions
 from hetsim.profiling.saved import saved_storages, storage_ids
@@ -31,7 +31,7 @@ from hetsim.types import Fit
 from hetsim.workloads.builtin import PROFILED_OPTIMIZERS, Workload, make_optimizer
 from hetsim.workloads.precision import autocast
 
-FORMAT = "8"
+FORMAT = "9"
 """Part of every profile's fingerprint: bump it when a measured field changes meaning (what is timed,
 how, in which unit), so that recorded profiles are measured again.  A new field with a default needs
 no bump unless a profile without it would be used wrongly.  2: the memory calibration on GPUs no
@@ -48,7 +48,9 @@ Every point is timed in interleaved rounds and `ModelProfile.timing_spread` is t
 across them (before: across three timings in a row, which missed the host's slow phases).  7: a warm-up
 round is timed first and dropped (`_Measured.forget_warm_up`): single blocks read up to 4.5x their
 training-step time in it.  8: blocks are also timed at sizes where the whole model's time is not linear
-between the requested ones (`_refine_sizes`), and a real drop in time is kept (`Fit.measured`)."""
+between the requested ones (`_refine_sizes`), and a real drop in time is kept (`Fit.measured`).
+9: times are normalised as t x (ref / p)^ELASTICITY, not t x ref / p (hetsim.profiling.hostspeed;
+`ModelProfile.probe_elasticity`); format-8 files still load, at an exponent of 1."""
 
 
 def cpu_name() -> str:
@@ -302,6 +304,7 @@ def profile_model(
         host_opt_step_s=host_fits,
         step_overhead_s=statistics.median(overhead) if overhead else 0.0,
         probe_s=m.ref,
+        probe_elasticity=ELASTICITY if m.ref else 1.0,
         timing_spread=statistics.median(spreads) if spreads else None,
         input_bytes_per_sample=m.input_bytes,
         memory=profile_memory(workload, device, micro_batches, timed),

@@ -232,6 +232,9 @@ class ModelProfile:
     """CPU profiles: the host-speed probe's median time while this profile was recorded
     (hetsim.profiling.hostspeed).  Every time above is kept at that host speed, calibration runs included;
     0 for GPU profiles and profiles recorded without a probe."""
+    probe_elasticity: float = 1.0
+    """The exponent the times above were normalised with: t x (probe_s / p)^probe_elasticity
+    (hetsim.profiling.hostspeed.ELASTICITY when recorded; 1.0 in profiles recorded before it existed)."""
     timing_spread: float | None = None
     """Relative spread of the repeated timings while this profile was recorded: over the micro-batch
     sizes, the median of the relative median absolute deviation (MAD / median) of the repeated

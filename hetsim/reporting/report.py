@@ -62,7 +62,8 @@ def _meas_json(m: Measurement | None) -> dict:
     return {"status": m.status, "step_time_s": m.step_time_s, "samples_per_s": m.samples_per_s,
             "peak_mem_bytes": list(m.peak_mem_bytes) if m.peak_mem_bytes else None, "error": m.error,
             "memory": to_dict(m.memory) if m.memory else None, "probe_s": m.probe_s,
-            "steps_per_probe": m.steps_per_probe, "runs_at_probe": list(m.runs_at_probe)}
+            "steps_per_probe": m.steps_per_probe, "probe_elasticity": m.probe_elasticity,
+            "runs_at_probe": list(m.runs_at_probe)}
 
 
 def summary(data: ReportData) -> dict:

@@ -206,7 +206,7 @@ def test_profile_model_times_every_point_in_interleaved_rounds(monkeypatch):
     assert order == [(0, 2), (0, 4), (1, 4), (1, 2), (2, 2), (2, 4), (3, 4), (3, 2)]
     assert calls and prof.timing_spread == pytest.approx(0.1)
     assert all(b.timing["fp32"].fwd_s(mb) == pytest.approx(0.010) for b in prof.blocks for mb in (2, 4))
-    assert prof.fingerprint["format"] == measure.FORMAT == "8"
+    assert prof.fingerprint["format"] == measure.FORMAT == "9"
 
 
 @pytest.mark.parametrize("cliff, knots", [(None, [2, 16, 31]), (14, [2, 9, 12, 13, 14, 16, 31])])

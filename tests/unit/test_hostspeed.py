@@ -7,15 +7,18 @@ import pytest
 from hetsim.strategies.ddp import DDPPlan
 
 from hetsim.execution.worker import RankResult, summarize_steps
-from hetsim.profiling.hostspeed import at_ref, profile_ref, ref_of, shared_probes
+from hetsim.profiling.hostspeed import ELASTICITY, at_ref, profile_ref, ref_of, shared_probes
 from hetsim.profiling.store import ModelProfile
 from hetsim.reporting import report
 from hetsim.types import Fit, Measurement, MemoryBreakdown, Prediction
 
 
 def test_times_are_scaled_by_their_own_probe():
-    # A step of 1.0 s while the probe took 20 ms is a step of 0.5 s at a 10 ms host.
-    assert at_ref([1.0, 2.0], [0.020, 0.010], 0.010) == pytest.approx([0.5, 2.0])
+    # A step of 1.0 s while the probe took 20 ms is a step of 0.5 s at a 10 ms host if the step
+    # follows the probe one for one; it follows ELASTICITY of it: 0.5^0.7 = 0.616 s.
+    assert at_ref([1.0, 2.0], [0.020, 0.010], 0.010, elasticity=1.0) == pytest.approx([0.5, 2.0])
+    assert at_ref([1.0, 2.0], [0.020, 0.010], 0.010) == pytest.approx([0.5 ** ELASTICITY, 2.0])
+    assert 0.5 < ELASTICITY < 1.0  # measured here 0.51-0.73 (hostspeed.ELASTICITY)
 
 
 @pytest.mark.parametrize("probes, ref", [([0.02, 0.01], 0.0), ([0.02], 0.01), ([0.02, 0.0], 0.01), ([], 0.01)])
@@ -44,10 +47,12 @@ def test_run_step_time_at_a_reference_speed_is_the_slowest_ranks_median():
     slow = RankResult(rank=1, status="ok", step_s=(1.0, 2.0, 1.5), probe_s=(0.01, 0.04, 0.03))
     step, meds = summarize_steps([fast, slow])
     assert step == 1.5 and meds == (1.1, 1.5)
-    # One probe per step for both ranks, their mean: 15, 30 and 25 ms.  At a 10 ms host rank 0's
-    # steps are 0.667, 0.4, 0.44 and rank 1's 0.667, 0.667, 0.6.
+    # One probe per step for both ranks, their mean: 15, 30 and 25 ms.  At a 10 ms host each step
+    # is scaled by (10 / probe)^ELASTICITY (0.75, 0.46, 0.53): rank 0's steps 0.75, 0.56, 0.58 and
+    # rank 1's 0.75, 0.93, 0.79, so both medians are their third step.
     step, meds = summarize_steps([fast, slow], 0.010)
-    assert meds == pytest.approx((0.44, 2 / 3)) and step == pytest.approx(2 / 3)
+    third = (10 / 25) ** ELASTICITY
+    assert meds == pytest.approx((1.1 * third, 1.5 * third)) and step == pytest.approx(1.5 * third)
 
 
 def test_shared_probes_need_every_rank_probed_at_every_step():
@@ -61,10 +66,35 @@ def test_shared_probes_need_every_rank_probed_at_every_step():
 
 
 def test_measurement_at_reference_speed():
-    m = Measurement(status="ok", step_time_s=0.8, probe_s=0.02, steps_per_probe=30.0)
+    m = Measurement(status="ok", step_time_s=0.8, probe_s=0.02, steps_per_probe=30.0)  # written before the exponent
     assert m.step_time_at(0.016) == pytest.approx(0.48)
     assert m.step_time_at(0.0) == 0.8
     assert Measurement(status="ok", step_time_s=0.8).step_time_at(0.016) == 0.8
+    # Taken with the exponent: 0.8 s at a 20 ms probe is 0.8 x (16 / 20)^ELASTICITY at 16 ms.
+    m = Measurement(status="ok", step_time_s=0.8, probe_s=0.02, steps_per_probe=0.8 / 0.02 ** ELASTICITY,
+                    probe_elasticity=ELASTICITY)
+    assert m.step_time_at(0.016) == pytest.approx(0.8 * 0.8 ** ELASTICITY)
+
+
+def test_a_run_normalised_in_probe_units_reads_the_same_as_one_normalised_at_the_reference():
+    """The runner keeps a run's step at a probe of 1 (`steps_per_probe`); turned back into a time at a
+    profile's probe it must equal the steps normalised at that probe directly."""
+    ranks = [RankResult(rank=0, status="ok", step_s=(0.9, 1.3, 1.0), probe_s=(0.018, 0.025, 0.02))]
+    m = Measurement(status="ok", step_time_s=1.0, probe_s=0.02, steps_per_probe=summarize_steps(ranks, 1.0)[0],
+                    probe_elasticity=ELASTICITY)
+    assert m.step_time_at(0.016) == pytest.approx(summarize_steps(ranks, 0.016)[0])
+
+
+def test_a_share_of_a_core_is_divided_out_whole():
+    """Four ranks on two cores each get half a core: RunProbe's probe makes `at_ref` halve their step
+    whatever the exponent, and normalise the probe's own change by the exponent."""
+    from hetsim.profiling.hostspeed import with_share
+
+    lone, share = 0.012, 2.0
+    probe = with_share(lone, share)  # what RunProbe hands every rank
+    assert at_ref([1.0], [probe], lone)[0] == pytest.approx(0.5)
+    assert at_ref([1.0], [probe], 0.015)[0] == pytest.approx(0.5 * (0.015 / lone) ** ELASTICITY)
+    assert with_share(lone, 1.0) == lone
 
 
 def test_report_error_is_taken_at_the_profiles_host_speed():
