@@ -33,12 +33,13 @@ ELASTICITY = 0.7
 
 Measured here (2 vCPUs, AMD EPYC and an earlier VM), every way giving less than 1:
 - within each bench run, over the three passes of every plan (pooled, each plan's mean removed):
-  0.68 over 1,680 resnet18@64 passes and 0.68 over 570 gpt@tiny@64 passes (results/bench/runs);
+  0.68 over 1,680 resnet18@64 passes and 0.68 over 570 gpt@tiny@64 passes (results/bench/runs;
+  0.88 over the 303 passes of four ranks on two cores);
 - the two recordings of one bench, made at probes of 16.6 and 14.5 ms, predicted the suite alike
   at 0.73 (with 1 their normalised predictions were 4.1 % apart, every plan on one side);
 - one process timing probe and step in turn: 0.51-0.64.
 With 1 (t x ref / p, until 2026-12-06) a run in a fast phase read slow and one in a slow phase fast:
-three user-model searches had normalised errors of -11.9, +18.2 and -16 % where the raw steps were
+three searches (two user models, gpt) had normalised errors of -11.9, +18.2 and -16 % where the raw steps were
 within 4-8 % of their predictions.  The slope of the pooled fit is the factor that leaves the least
 spread in the normalised steps with probes as noisy as these (results/README.md)."""
 
@@ -82,10 +83,10 @@ class RunProbe:
     the same probe.
 
     With more ranks than cores every rank gets cores / ranks of the host (the emulated devices
-    compute or spin all step long), so the time returned is the lone probe x ranks / cores: each
-    emulated device is then compared at the speed of a whole core, as its profile was recorded.
-    That share is not a phase of the host: the lone probe is multiplied by share^(1 / ELASTICITY),
-    so that `at_ref` divides the step by the whole share and normalises only the probe's phase."""
+    compute or spin all step long), and each emulated device is compared at the speed of a whole
+    core, as its profile was recorded: the step is divided by ranks / cores.  That share is not a
+    phase of the host, so the time returned is the lone probe x share^(1 / ELASTICITY) (`with_share`):
+    `at_ref` then divides the step by the whole share and normalises only the probe's phase."""
 
     def __init__(self) -> None:
         import torch.distributed as dist
