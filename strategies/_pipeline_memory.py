@@ -9,10 +9,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from hetsim.model.memory import (
-    LOSS_KEPT_COPIES,
     block_activations,
     largest_param_bytes,
-    loss_temporaries_bytes,
+    loss_kept_bytes,
     optimizer_step_temp_bytes,
     split_grad_bytes,
     temporaries_bytes,
@@ -75,6 +74,7 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
     full_sweep: dict[int, float] = {}  # the same, with each block's own fresh parameter gradient
     out_b: dict[int, float] = {}  # the stage's output, sent on (none from the last stage)
     in_b: dict[int, float] = {}  # the stage's received input (none on the first stage)
+    casts: dict[int, float] = {}  # autocast's weight copies, made once a step
     for s in stages:
         lo, hi = boundaries[s], boundaries[s + 1]
         p, gr, o = stage_state(cost, lo, hi)
@@ -87,8 +87,14 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
         # rank, measured 4.2 MiB more activations than predicted, its stages' fp32 inputs (0.79 MiB per
         # stage and micro-batch) counted nowhere.
         own_in = in_b[s] - ba.input_in_full[lo] if s > 0 else 0.0
-        k_s = [ba.kept[k] + (own_in if k == lo and k >= ckpt else 0.0) for k in range(lo, hi)]
-        f_s = [ba.full[k] + (own_in if k == lo else 0.0) for k in range(lo, hi)]
+        # Autocast's cached weight copies are made by the stage's first forward of the step and held
+        # to its end, once whatever the micro-batches in flight (`block_activations`' per_step): each
+        # micro-batch's activations are the rest.  gpt@tiny@64 LoopedBFS m=4 bf16, 2026-12-06
+        # (MemTracker after each action): a one-layer stage's first forward added 2.91 MiB, each later
+        # one 2.52; the layer's bf16 weights are 0.375 MiB, its saved bytes' intercept in the profile.
+        casts[s] = sum(ba.per_step[lo:hi])
+        k_s = [ba.kept[k] - ba.per_step[k] + (own_in if k == lo and k >= ckpt else 0.0) for k in range(lo, hi)]
+        f_s = [ba.full[k] - ba.per_step[k] + (own_in if k == lo else 0.0) for k in range(lo, hi)]
         kept[s] = sum(k_s)
         # A block's backward also holds its internal activation gradients (split_grad_bytes): where
         # a block with large activations runs its backward late (a checkpointed early stage
@@ -135,7 +141,7 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
     stage_temps = {s: temps_without_loss(cost, micro, temps) for s in stages}
     loss_kept = {s: 0.0 for s in stages}
     if last is not None:
-        loss_kept[last] = loss_temporaries_bytes(cost, micro, LOSS_KEPT_COPIES)
+        loss_kept[last] = loss_kept_bytes(cost, micro, precision)
         stage_temps[last] = max(0.0, temps - loss_kept[last])
     split = any(a.kind == "W" for a in actions)
     # torch runs the multi-stage schedules (two or more stages per rank) through its
@@ -159,7 +165,7 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
         full_backward = a.kind == "B" or (a.kind == "W" and s == 0)
         input_backward = a.kind == "I" and s > 0
         if a.kind == "F":
-            held += kept[s] + loss_kept[s] + out_u[s]
+            held += kept[s] + loss_kept[s] + out_u[s] + casts.pop(s, 0.0)
             phase = (held, waiting)
         elif full_backward:  # a backward sweeps the stage
             phase = (held + sweep[s], waiting + max(stage_temps[s] + wgrad[s], full_sweep[s]))

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from hetsim.errors import InfeasiblePlanError
 from hetsim.model.batchsplit import min_max_split
-from hetsim.model.memory import LOSS_KEPT_COPIES, loss_temporaries_bytes
+from hetsim.model.memory import loss_kept_bytes
 from hetsim.model.simulator import Resource, TaskGraph, TaskKind
 from hetsim.types import MemoryBreakdown
 
@@ -234,7 +234,7 @@ def pipeline_memory(plan: TPPlan, cost: CostModel, dims: TransformerDims) -> tup
         # the loss's saved tensors and its temporaries are not shards.  pp2 x tp2 on gpt@tiny@64, 16
         # samples a micro-batch: that stage measured 44.6 MiB a rank where scaling them predicted 33.8.
         loss = hi == cost.facts.n_blocks
-        kept = min(mem.activations_bytes, loss_temporaries_bytes(cost, micro, LOSS_KEPT_COPIES)) if loss else 0.0
+        kept = min(mem.activations_bytes, loss_kept_bytes(cost, micro, plan.precision)) if loss else 0.0
         out.append(MemoryBreakdown(params_bytes=int(mem.params_bytes * share), grads_bytes=int(mem.grads_bytes * share),
                                    optim_bytes=int(mem.optim_bytes * share),
                                    activations_bytes=int((mem.activations_bytes - kept) * act + kept),

@@ -177,6 +177,12 @@ class _BlockActs:
     """Bytes of block k's input that `full` (and `kept`, unless the block is checkpointed) still
     counts as block k's own: its estimated saved input where the previous block is checkpointed, so
     nothing was subtracted as the previous block's saved output (one storage); 0 elsewhere."""
+    per_step: list[float]
+    """Of `kept`, the bytes that do not grow with the micro-batch and that autocast makes once a step:
+    the low-precision copies of the block's weights, which autocast caches for the whole autocast
+    region and the block's matmuls save (the intercept of its saved bytes in bf16/fp16, at most two
+    bytes a trainable parameter; 0 in fp32 and in a checkpointed block).  A pipeline stage with several
+    micro-batches in flight holds them once, not once per micro-batch (`_pipeline_memory`)."""
 
 
 def _block_activations(cost: CostModel, mb: float, precision: str, ckpt: int) -> _BlockActs:
@@ -205,7 +211,7 @@ def _block_activations(cost: CostModel, mb: float, precision: str, ckpt: int) ->
             own = sum(max(0.0, a - o) for a, o in zip(act, overlap))
             if own > whole(mb) > 0:
                 scale = whole(mb) / own
-    kept, full, input_in_full = [], [], []
+    kept, full, input_in_full, per_step = [], [], [], []
     for k in range(n):
         # Only a block that is not checkpointed saves its output for the next block to share.
         ovl = overlap[k] if k >= 1 and k - 1 >= ckpt else 0.0
@@ -213,7 +219,11 @@ def _block_activations(cost: CostModel, mb: float, precision: str, ckpt: int) ->
         kept.append(max(0.0, inp[k] - ovl) if k < ckpt else mine)
         full.append(mine)
         input_in_full.append(0.0 if ovl else min(mine, overlap[k] * scale))
-    return _BlockActs(kept, full, input_in_full)
+        casts = 0.0
+        if key != "fp32" and k >= ckpt:
+            casts = min(max(0.0, blocks[k].act_bytes[key].intercept) * scale, 2.0 * blocks[k].trainable_count, mine)
+        per_step.append(casts)
+    return _BlockActs(kept, full, input_in_full, per_step)
 
 
 block_activations = _block_activations
@@ -252,7 +262,23 @@ LOSS_KEPT_COPIES = 2
 the output and the loss's saved log-softmax (torch.distributed.pipelining computes the loss right
 after the last stage's forward).  Measured on bert/gpt pipelines at 64 tokens (MemTracker): the
 last stage's activations exceed its blocks' own by two logits per micro-batch in flight (GPipe,
-2 x 16 samples: 66.2 MiB against 34.1 from the blocks), its backward temporaries by two."""
+2 x 16 samples: 66.2 MiB against 34.1 from the blocks), its backward temporaries by two.
+`loss_kept_bytes` sizes the two by precision."""
+
+
+def loss_kept_bytes(cost: CostModel, mb: float, precision: str) -> float:
+    """What a pipeline's last stage keeps per micro-batch of `mb` samples from its forward to its
+    backward for the loss (`LOSS_KEPT_COPIES`): the stage's output in the dtype the last block
+    returns under `precision`, and the log-softmax the loss saves, in fp32 (autocast runs
+    log_softmax and cross_entropy in fp32, and the built-in losses cast the logits up first).
+    gpt@tiny@64 LoopedBFS m=4 bf16 on the default cluster, 2026-12-06: the head's rank measured
+    36.5 MiB of activations at its peak where two fp32 logits per micro-batch predicted 49.1
+    (four micro-batches in flight, 2 MiB of bf16 logits each counted as 4)."""
+    blocks = cost.base_profile.blocks
+    if not blocks:
+        return 0.0
+    last = blocks[-1]
+    return float((last.boundary_bytes_per_sample(precision) + last.out_bytes_per_sample) * mb)
 
 
 def loss_temporaries_bytes(cost: CostModel, mb: float, copies: int = LOSS_TEMP_COPIES) -> float:

@@ -422,3 +422,54 @@ def test_a_pipeline_stage_holds_its_received_input_whether_or_not_its_first_bloc
     # Two micro-batches of 4 samples in flight on the last stage, each holding its 4 x 1000-byte input.
     assert saves_a_cast - shares_input == 2 * 4 * 1000
     assert shares_input >= 2 * 4 * 10_000
+
+
+def _bf16_cost(casts: float, per_sample: float, out_itemsize: int = 2):
+    """A synthetic two-block model whose bf16 saved bytes are `casts` + `per_sample` x samples a
+    block (1000 parameters each), its outputs 1000 fp32 bytes a sample, `out_itemsize` under bf16."""
+    from dataclasses import replace
+
+    from pipeline_synth import synthetic_cost
+
+    from hetsim.profiling.store import ProfileSet
+    from hetsim.types import Fit
+
+    base = synthetic_cost([1.0, 1.0], [1e-3] * 2, act_bytes=[per_sample] * 2, out_bytes=[1000] * 2)
+    model = next(iter(base.profiles.models.values()))
+    blocks = tuple(replace(b, act_bytes={**b.act_bytes, "bf16": Fit(intercept=casts, slope=per_sample)},
+                           out_itemsize={"fp32": 4, "bf16": out_itemsize}) for b in model.blocks)
+    prof = replace(model, blocks=blocks)
+    return CostModel(base.cluster, ProfileSet(models={prof.device_kind: prof}, comm=base.profiles.comm), "adamw")
+
+
+def test_the_last_stage_keeps_its_output_in_the_blocks_dtype_and_the_log_softmax_in_fp32():
+    """The loss's saved tensors on a pipeline's last stage: the logits in the dtype the last block returns
+    under autocast and the log-softmax in fp32 (gpt@tiny@64 LoopedBFS m=4 bf16: 2 + 4 MiB a micro-batch
+    measured, where two fp32 logits said 8)."""
+    from hetsim.model.memory import LOSS_KEPT_COPIES, loss_kept_bytes
+
+    cost = _bf16_cost(0.0, 1e4)
+    assert loss_kept_bytes(cost, 8, "fp32") == LOSS_KEPT_COPIES * 1000 * 8
+    assert loss_kept_bytes(cost, 8, "bf16") == (500 + 1000) * 8
+
+
+def test_a_pipeline_stage_holds_autocasts_weight_copies_once_whatever_its_micro_batches_in_flight():
+    """Under autocast a block's saved bytes have a part that does not grow with the batch: the bf16
+    copies of its weights, cached for the whole step.  A stage with m micro-batches in flight holds
+    them once (gpt@tiny@64 LoopedBFS m=4 bf16, MemTracker after each action: a one-layer stage's first
+    forward added 2.91 MiB, each later one 2.52; its bf16 weights are 0.375 MiB).  What exceeds two
+    bytes a trainable parameter is not a weight copy and stays per micro-batch, and fp32 has none."""
+    from hetsim.strategies._pipeline_memory import rank_memory
+    from hetsim.strategies._pipeline_sched import rank_actions
+
+    def first_rank(cost, m: int, precision: str = "bf16") -> int:
+        return rank_memory(cost, rank_actions("GPipe", 2, m, 1)[0], (0, 1, 2), 4, precision, 0).activations_bytes
+
+    per_mb = 4 * 1e4
+    casts = 2 * 1000  # two bytes for each of the block's 1000 parameters
+    cost = _bf16_cost(casts, 1e4)
+    assert first_rank(cost, 1) == pytest.approx(per_mb + casts)
+    assert first_rank(cost, 4) - first_rank(cost, 1) == pytest.approx(3 * per_mb)
+    over = _bf16_cost(casts + 3000, 1e4)  # 3000 bytes beyond the weights' copies: per micro-batch
+    assert first_rank(over, 4) - first_rank(over, 1) == pytest.approx(3 * (per_mb + 3000))
+    assert first_rank(cost, 4, "fp32") - first_rank(cost, 1, "fp32") == pytest.approx(3 * per_mb)
