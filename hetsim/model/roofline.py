@@ -108,7 +108,7 @@ class Efficiency:
     resnet50's 161 tensors, about 65 us a tensor with its Python; half of it on faster hosts)."""
 
 
-EFFICIENCY = Efficiency(tensor=0.6, simt=0.8, mem=0.55, low_bytes=0.5, clock=0.0, winograd=4.0)
+EFFICIENCY = Efficiency(tensor=0.55, simt=0.8, mem=0.55, low_bytes=0.5, clock=0.0, winograd=4.0)
 """Fitted (grid search, `python -m hetsim.reporting.whatif --fit`) on the published rows of six GPUs
 (`hetsim.reporting.whatif.FIT_GPUS`), validated on the other GPUs' rows; see README."""
 
@@ -121,10 +121,22 @@ def simt_rate(dev: Device, kind: str, eff: Efficiency = EFFICIENCY) -> float:
     return dev.peak_fp32_flops * eff.simt * (eff.winograd if kind == "conv3x3" else 1.0)
 
 
+TF32X3 = 3
+"""Tensor-core instructions per fp32 multiply in CUTLASS's 3xTF32 (`OpMultiplyAddFastF32`): each operand
+split into a TF32 high and low part, three products kept.  PyTorch's memory-efficient attention runs its
+fp32 kernels so from compute capability 8.0 on, whatever `allow_tf32` says."""
+
+
 def math_rate(dev: Device, kind: str, precision: str, matmul_tf32: bool = False) -> tuple[float, str]:
-    """(peak FLOP/s, 'tensor' or 'simt') of the math PyTorch uses for this operator kind."""
+    """(peak FLOP/s, unit) of the math PyTorch uses for this operator kind: 'tensor' (cuDNN/cuBLAS may
+    still pick an FP32 kernel where that is faster), 'tf32x3' (tensor cores at a third of the TF32 rate,
+    no other kernel) or 'simt'.  fp32 attention with TF32 matmuls allowed is the unfused bmm-softmax-bmm
+    of the published benchmarks, so it runs as a TF32 matmul."""
     if precision == "fp32":
-        tf32_ok = dev.peak_tf32_flops > 0 and (kind in CONV_KINDS or (matmul_tf32 and kind == "matmul"))
+        tf32 = dev.peak_tf32_flops > 0
+        if kind == "attn" and tf32 and not matmul_tf32:
+            return dev.peak_tf32_flops / TF32X3, "tf32x3"
+        tf32_ok = tf32 and (kind in CONV_KINDS or (matmul_tf32 and kind in ("matmul", "attn")))
         return (dev.peak_tf32_flops, "tensor") if tf32_ok else (dev.peak_fp32_flops, "simt")
     peak = dev.peak_bf16_flops if precision == "bf16" else dev.peak_fp16_flops
     if peak > dev.peak_fp32_flops:
@@ -156,8 +168,8 @@ def op_time_s(op: OpCost, mb: float, dev: Device, precision: str, eff: Efficienc
     if op.kind != "mem" and op.flops_per_sample > 0:
         peak, unit = math_rate(dev, op.kind, precision, matmul_tf32)
         flops = op.flops_per_sample * mb
-        t_math = (flops / (peak * tensor_share(eff.tensor, dev.tensor_feed)) if unit == "tensor"
-                  else flops / simt_rate(dev, op.kind, eff))
+        t_math = (flops / simt_rate(dev, op.kind, eff) if unit == "simt"
+                  else flops / (peak * tensor_share(eff.tensor, dev.tensor_feed)))
         if unit == "tensor" and precision == "fp32":  # cuDNN/cuBLAS pick the faster of TF32 and FP32 kernels
             t_math = min(t_math, flops / simt_rate(dev, op.kind, eff))
         t_math /= clock_factor(dev, eff)

@@ -136,9 +136,9 @@ def _row_arrays(row: Published):
         if o.kind != "mem" and o.flops_per_sample > 0:
             peak, unit = math_rate(dev, o.kind, row.precision, row.published_math == "tf32")
             flops = o.flops_per_sample * row.batch
-            if unit == "tensor":
+            if unit != "simt":
                 tens = flops / peak
-                simt = flops / dev.peak_fp32_flops if row.precision == "fp32" else float("inf")
+                simt = flops / dev.peak_fp32_flops if unit == "tensor" and row.precision == "fp32" else float("inf")
             else:
                 simt = flops / peak
         cols.append((tens, simt, o.bytes_fixed / dev.mem_bw_bps, o.bytes_per_sample * row.batch / dev.mem_bw_bps,

@@ -50,6 +50,10 @@ def test_default_math_follows_pytorch_defaults():
     assert math_rate(a100, "matmul", "fp32") == (19.5e12, "simt")  # matmul.allow_tf32 defaults to False
     assert math_rate(v100, "conv", "fp32")[1] == "simt"  # no TF32 before Ampere
     assert math_rate(v100, "matmul", "fp16") == (125e12, "tensor")
+    # memory-efficient attention's fp32 kernels are CUTLASS 3xTF32 from sm80 on, SIMT FMA before
+    assert math_rate(a100, "attn", "fp32") == (52e12, "tf32x3")
+    assert math_rate(a100, "attn", "fp32", matmul_tf32=True) == (156e12, "tensor")
+    assert math_rate(v100, "attn", "fp32") == (15.7e12, "simt")
 
 
 def test_winograd_shaped_convolutions_are_traced_apart():
