@@ -1,8 +1,9 @@
 """Cut points of a plain nn.Module: split it into a chain of blocks that each take one tensor.
 
-The rule: trace the module's forward with torch.fx, keeping the longest run of repeated child
-blocks (a ModuleList or nn.Sequential of modules of one class, and any other run as long, such as
-a decoder beside its encoder; else the top-level children) as single calls.  A cut may go before
+The rule: trace the module's forward with torch.fx, keeping the children of the container with the
+longest run of repeated child blocks (consecutive modules of one class in a ModuleList, nn.Sequential
+or ModuleDict, parameter-free modules between them allowed; any other container with a run as long,
+such as a decoder beside its encoder; else the top-level children) as single calls.  A cut may go before
 each such block (its first call, or the first call inside it for a ModuleDict layer) and after the
 last one, and is kept only where exactly one value flows across
 it (a residual or a second input that jumps over the cut forbids it).  Blocks that share a
@@ -32,24 +33,37 @@ class Split:
 
 
 def repeated_run(module: nn.Module) -> tuple[str, list[str]]:
-    """(container path, child paths) of the longest run of children of one class, or the top-level
-    children ('' , [...]) when no container holds two modules of one class.  Runs as long as the
-    longest, in other containers not inside it (an autoencoder's encoder and decoder lists), add their
-    children: the path is the first run's."""
-    runs: list[tuple[str, list[str]]] = []
+    """(container path, child paths) of the container holding the longest run of children of one
+    class, or the top-level children ('' , [...]) when no container holds two modules of one class.
+    Containers whose runs are as long as the longest, not inside it (an autoencoder's encoder and
+    decoder lists), add their children: the path is the first one's.
+
+    A container is a ModuleList, an nn.Sequential or a ModuleDict (layers by name); a run is its
+    consecutive children of one class that hold parameters, children that hold none (pooling, an
+    activation) between them not ending it.  The child paths are all of the container's children that
+    hold parameters, the run's and any others (a stem, a last convolution): torchvision's MobileNetV3
+    keeps its eleven inverted residual blocks between a stem and a last convolution in one `features`
+    Sequential, SqueezeNet its eight Fire modules between max-pools and after a first convolution.
+    With only containers whose children were all of one class, MobileNetV3's longest run was the three
+    convolutions inside one block (5 blocks, most of the model in the first) and SqueezeNet's
+    `features` was one block."""
+    runs: list[tuple[str, list[str], int]] = []
     for path, mod in module.named_modules():
-        if not isinstance(mod, (nn.ModuleList, nn.Sequential)):
+        if not isinstance(mod, (nn.ModuleList, nn.Sequential, nn.ModuleDict)):
             continue
-        kids = list(mod.named_children())
-        if len(kids) < 2 or len({type(k) for _, k in kids}) != 1:
-            continue
-        runs.append((path, [f"{path}.{n}" if path else n for n, _ in kids]))
+        members = [(n, kid) for n, kid in mod.named_children() if next(kid.parameters(), None) is not None]
+        best = run = 0
+        for k, (_, kid) in enumerate(members):
+            run = run + 1 if k and type(kid) is type(members[k - 1][1]) else 1
+            best = max(best, run)
+        if best >= 2:
+            runs.append((path, [f"{path}.{n}" if path else n for n, _ in members], best))
     if not runs:
         return "", [n for n, _ in module.named_children()]
-    longest = max(len(r) for _, r in runs)
-    tied = [(p, r) for p, r in runs if len(r) == longest]
-    keep = [(p, r) for p, r in tied if not any(q != p and (not q or p.startswith(q + ".")) for q, _ in tied)]
-    return keep[0][0], [c for _, r in keep for c in r]
+    longest = max(r for _, _, r in runs)
+    tied = [(p, kids) for p, kids, r in runs if r == longest]
+    keep = [(p, kids) for p, kids in tied if not any(q != p and (not q or p.startswith(q + ".")) for q, _ in tied)]
+    return keep[0][0], [c for _, kids in keep for c in kids]
 
 
 class _Tracer(fx.Tracer):

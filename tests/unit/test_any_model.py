@@ -217,6 +217,63 @@ def test_layers_that_are_module_dicts_are_cut_before_their_first_call():
     assert torch.allclose(_chain(split, x), net(x))
 
 
+def test_a_run_between_other_children_of_its_container_is_found_and_they_are_cut_too():
+    """torchvision's MobileNetV3 shape: a stem, a run of blocks whose insides are one-class Sequentials
+    too, and a last convolution in one `features` Sequential, pooling (no parameters) between blocks.
+    The container with the longest run wins and all its children with parameters are cut before
+    (before: only the three convolutions inside one block were, most of the model in the first block)."""
+    class Inner(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = nn.Sequential(*(nn.Conv2d(4, 4, 1) for _ in range(3)))
+
+        def forward(self, x):
+            return x + self.block(x)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.features = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), Inner(), Inner(), nn.MaxPool2d(1),
+                                          Inner(), Inner(), nn.Conv2d(4, 8, 1))
+            self.head = nn.Linear(8, 5)
+
+        def forward(self, x):
+            return self.head(self.features(x).mean((2, 3)))
+
+    net, x = Net(), torch.randn(2, 3, 8, 8)
+    split = split_module(net, x, "mbv3")
+    calls = [[n.target for n in b.graph.nodes if n.op == "call_module"] for _, b in split.blocks]
+    assert calls[0] == ["features.0"] and calls[1][0] == "features.1" and ["features.6"] in calls
+    assert sum(c[0] in {"features.1", "features.2", "features.4", "features.5"} for c in calls) == 4
+    assert len(split.blocks) == 7 and not split.notes
+    with torch.no_grad():
+        assert torch.allclose(_chain(split, x), net(x), atol=1e-6)
+
+
+def test_layers_kept_in_a_module_dict_are_cut_between():
+    """Layers in a ModuleDict (looped over by name) are a run like a ModuleList's (before: the
+    dict was not a container, and the four layers one block)."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(30, 8)
+            self.layers = nn.ModuleDict({f"l{i}": nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8), nn.GELU())
+                                         for i in range(4)})
+            self.head = nn.Linear(8, 3)
+
+        def forward(self, x):
+            h = self.emb(x)
+            for name in self.layers:
+                h = h + self.layers[name](h)
+            return self.head(h.mean(1))
+
+    net, x = Net(), torch.randint(0, 30, (2, 5))
+    split = split_module(net, x, "dict")
+    assert [n for n, _ in split.blocks] == ["0_emb", "1_layers_l0", "2_layers_l1", "3_layers_l2", "4_part4"]
+    with torch.no_grad():
+        assert torch.allclose(_chain(split, x), net(x), atol=1e-6)
+
+
 def test_a_run_inside_an_untraceable_torch_module_leaves_the_top_level_children():
     """nn.TransformerEncoder's layers are the longest run, but its forward branches on its input (fx
     cannot trace it): the model is cut between its top-level children, and the note says why."""
