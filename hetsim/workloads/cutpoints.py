@@ -1,9 +1,10 @@
 """Cut points of a plain nn.Module: split it into a chain of blocks that each take one tensor.
 
-The rule: trace the module's forward with torch.fx, keeping the children of the container with the
-longest run of repeated child blocks (consecutive modules of one class in a ModuleList, nn.Sequential
-or ModuleDict, parameter-free modules between them allowed; any other container with a run as long,
-such as a decoder beside its encoder; else the top-level children) as single calls.  A cut may go before
+The rule: trace the module's forward with torch.fx, keeping as single calls the children (those that
+hold parameters) of the container whose children repeat one class most often (a ModuleList,
+nn.Sequential or ModuleDict of layers; any other container as repeated, such as a decoder beside its
+encoder; the next container when that one's cuts leave fewer than three blocks; else the top-level
+children).  A cut may go before
 each such block (its first call, or the first call inside it for a ModuleDict layer) and after the
 last one, and is kept only where exactly one value flows across
 it (a residual or a second input that jumps over the cut forbids it).  Blocks that share a
@@ -32,38 +33,41 @@ class Split:
     """Why it runs as one block (empty when it was split)."""
 
 
-def repeated_run(module: nn.Module) -> tuple[str, list[str]]:
-    """(container path, child paths) of the container holding the longest run of children of one
-    class, or the top-level children ('' , [...]) when no container holds two modules of one class.
-    Containers whose runs are as long as the longest, not inside it (an autoencoder's encoder and
-    decoder lists), add their children: the path is the first one's.
+MOST_CANDIDATES = 8
+"""Containers tried, most repeated first, before the top-level children."""
 
-    A container is a ModuleList, an nn.Sequential or a ModuleDict (layers by name); a run is its
-    consecutive children of one class that hold parameters, children that hold none (pooling, an
-    activation) between them not ending it.  The child paths are all of the container's children that
-    hold parameters, the run's and any others (a stem, a last convolution): torchvision's MobileNetV3
-    keeps its eleven inverted residual blocks between a stem and a last convolution in one `features`
-    Sequential, SqueezeNet its eight Fire modules between max-pools and after a first convolution.
-    With only containers whose children were all of one class, MobileNetV3's longest run was the three
-    convolutions inside one block (5 blocks, most of the model in the first) and SqueezeNet's
-    `features` was one block."""
-    runs: list[tuple[str, list[str], int]] = []
+
+def repeated_runs(module: nn.Module) -> list[tuple[str, list[str]]]:
+    """Candidate cut sets, best first: (container path, child paths) of the containers whose children
+    repeat one class most often, or [] when no container holds two modules of one class.  Containers
+    as repeated as the best, not inside it (an autoencoder's encoder and decoder lists), add their
+    children to it: the path is the first one's.
+
+    A container is a ModuleList, an nn.Sequential or a ModuleDict (layers by name).  Its score is how
+    many of its children that hold parameters share the commonest class; the child paths are all of its
+    children that hold parameters (a stem, a last convolution, the batch norms between a VGG's
+    convolutions).  torchvision's MobileNetV3 keeps its eleven inverted residual blocks between a stem
+    and a last convolution in one `features` Sequential, SqueezeNet its eight Fire modules between
+    max-pools: with only containers whose children were all of one class, MobileNetV3's best was the
+    three convolutions inside one block (5 blocks, most of the model in the first), SqueezeNet's
+    `features` and a VGG's were one block."""
+    scored: list[tuple[int, str, list[str]]] = []
     for path, mod in module.named_modules():
         if not isinstance(mod, (nn.ModuleList, nn.Sequential, nn.ModuleDict)):
             continue
         members = [(n, kid) for n, kid in mod.named_children() if next(kid.parameters(), None) is not None]
-        best = run = 0
-        for k, (_, kid) in enumerate(members):
-            run = run + 1 if k and type(kid) is type(members[k - 1][1]) else 1
-            best = max(best, run)
-        if best >= 2:
-            runs.append((path, [f"{path}.{n}" if path else n for n, _ in members], best))
-    if not runs:
-        return "", [n for n, _ in module.named_children()]
-    longest = max(r for _, _, r in runs)
-    tied = [(p, kids) for p, kids, r in runs if r == longest]
-    keep = [(p, kids) for p, kids in tied if not any(q != p and (not q or p.startswith(q + ".")) for q, _ in tied)]
-    return keep[0][0], [c for _, kids in keep for c in kids]
+        counts: dict[type, int] = {}
+        for _, kid in members:
+            counts[type(kid)] = counts.get(type(kid), 0) + 1
+        score = max(counts.values(), default=0)
+        if score >= 2:
+            scored.append((score, path, [f"{path}.{n}" if path else n for n, _ in members]))
+    out: list[tuple[str, list[str]]] = []
+    for score in sorted({sc for sc, _, _ in scored}, reverse=True):
+        tied = [(p, kids) for sc, p, kids in scored if sc == score]
+        keep = [(p, kids) for p, kids in tied if not any(q != p and (not q or p.startswith(q + ".")) for q, _ in tied)]
+        out.append((keep[0][0], [c for _, kids in keep for c in kids]))
+    return out
 
 
 class _Tracer(fx.Tracer):
@@ -172,20 +176,37 @@ def _merge_parameterless(bounds: list[int], blocks: list[fx.GraphModule]) -> tup
 
 
 def split_module(module: nn.Module, example: torch.Tensor, name: str) -> Split:
-    """Blocks of `module` for one input tensor `example` (see the module docstring): at its longest
-    run of repeated child blocks, else between its top-level children."""
-    path, run = repeated_run(module)
-    split = _split_at(module, example, name, set(run))
+    """Blocks of `module` for one input tensor `example` (see the module docstring): before the children
+    of its most repeated container (`repeated_runs`), else between its top-level children.  A container
+    whose cuts leave fewer than three blocks (DenseNet's dense blocks: every cut inside is crossed by
+    the list of earlier outputs, so only the cut before the block holds) gives way to the next one, up
+    to `MOST_CANDIDATES`; the split with the most blocks is kept."""
     children = [n for n, _ in module.named_children()]
-    if len(split.blocks) > 1 or not path or len(children) < 2:
-        return split
-    # The run could not be cut (nn.TransformerEncoder's forward is not traceable, ...): the top-level
+    best: tuple[str, Split] | None = None
+    first: tuple[str, Split] | None = None
+    for path, run in repeated_runs(module)[:MOST_CANDIDATES]:
+        split = _split_at(module, example, name, set(run))
+        first = first or (path, split)
+        if best is None or len(split.blocks) > len(best[1].blocks):
+            best = (path, split)
+        if len(split.blocks) >= 3:
+            break
+    if first is None:
+        return _split_at(module, example, name, set(children))
+    if len(best[1].blocks) > 1 or len(children) < 2:
+        if best[0] == first[0] or len(best[1].blocks) == 1:
+            return best[1]
+        why = first[1].why_whole or f"only {len(first[1].blocks)} blocks there"
+        return Split(blocks=best[1].blocks, notes=best[1].notes + (
+            f"{name}: cut between the children of {best[0]}, not between the layers of {first[0]} ({why})",))
+    # No container could be cut (nn.TransformerEncoder's forward is not traceable, ...): the top-level
     # children may still be (embedding, encoder, head).
     top = _split_at(module, example, name, set(children))
     if len(top.blocks) == 1:
-        return split
+        return first[1]
     return Split(blocks=top.blocks, notes=top.notes + (
-        f"{name}: cut between its top-level children only, not between the layers of {path} ({split.why_whole})",))
+        f"{name}: cut between its top-level children only, not between the layers of {first[0]} "
+        f"({first[1].why_whole})",))
 
 
 def _split_at(module: nn.Module, example: torch.Tensor, name: str, leaves: set[str]) -> Split:

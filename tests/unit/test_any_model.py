@@ -274,6 +274,38 @@ def test_layers_kept_in_a_module_dict_are_cut_between():
         assert torch.allclose(_chain(split, x), net(x), atol=1e-6)
 
 
+def test_a_run_that_leaves_two_blocks_gives_way_to_the_next_container():
+    """DenseNet's shape: each dense block's layers read the list of all earlier outputs, so no cut
+    inside a block holds, only the one before it (two blocks).  The next container, the Sequential
+    holding the dense blocks and transitions, is cut instead (before: two blocks), and a note says so."""
+    class Dense(nn.ModuleDict):
+        def __init__(self, c, n):
+            super().__init__({f"l{i}": nn.Conv2d(c + 2 * i, 2, 1) for i in range(n)})
+
+        def forward(self, x):
+            feats = [x]
+            for layer in self.values():
+                feats.append(layer(torch.cat(feats, 1)))
+            return torch.cat(feats, 1)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.features = nn.Sequential(nn.Conv2d(3, 4, 1), Dense(4, 3), nn.Conv2d(10, 4, 1), Dense(4, 4),
+                                          nn.Conv2d(12, 4, 1))
+            self.head = nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.head(self.features(x).mean((2, 3)))
+
+    net, x = Net(), torch.randn(2, 3, 6, 6)
+    split = split_module(net, x, "dense")
+    assert len(split.blocks) == 6 and "cut between the children of features" in split.notes[-1]
+    assert "features.3" in split.notes[-1]
+    with torch.no_grad():
+        assert torch.allclose(_chain(split, x), net(x), atol=1e-6)
+
+
 def test_a_run_inside_an_untraceable_torch_module_leaves_the_top_level_children():
     """nn.TransformerEncoder's layers are the longest run, but its forward branches on its input (fx
     cannot trace it): the model is cut between its top-level children, and the note says why."""
