@@ -4,6 +4,8 @@
     python -m hetsim.search.golden --write    # rewrite the golden files (what `nox -s regen` runs)
     python -m hetsim.search.golden --replay results/bench/fidelity.json --root results
                                               # a bench run predicted again by the current cost model
+    python -m hetsim.search.golden --replay-runs results/bench/runs
+                                              # every kept bench run so: each kind of plan's mean error
 
 A case is a cluster, a workload and a seeded, in-memory Optuna search over the
 strategy families, simulated from the profiles recorded under
@@ -163,7 +165,7 @@ def replay(fidelity: dict, root: Path) -> list[dict]:
     current cost model from the profiles recorded under root/profiles/, beside the run's measurements:
     the records of `accuracy_of` with fresh predictions.  A bench run whose profiles are kept (see
     results/README.md) is a dataset on which a cost-model change can be judged without running anything."""
-    wl = workload_from_spec(fidelity["model"], fidelity["optimizer"])
+    wl = workload_from_spec(fidelity["model"], fidelity.get("optimizer", "adamw"))  # the gpt suite's runs name none
     cluster = dataclasses.replace(parse_cluster(fidelity["cluster"]), host_memory_bytes=HOST_MEMORY_BYTES)
     cost = CostModel(cluster, recorded_profiles(root, fidelity["model"]), wl.optimizer,
                      has_batchnorm=wl.has_batchnorm, batch_coupled=wl.batch_coupled)
@@ -175,6 +177,38 @@ def replay(fidelity: dict, root: Path) -> list[dict]:
         pred, _, _ = strategies.get(plan.strategy).predict(plan, cost)
         out.append(dict(r, pred_step_time_s=pred.step_time_s, pred_peak_mem_bytes=list(pred.peak_mem_bytes)))
     return out
+
+
+def replay_runs(folder: Path) -> list[tuple[Path, list[dict]]]:
+    """`replay` of every kept bench run under `folder` (results/bench/runs): each fidelity file
+    (`fidelity*-STAMP.json`) whose recording (`recording-STAMP`, the part of the name after the suite's)
+    is kept beside it with profiles of its cluster's size, in name order."""
+    out = []
+    for path in sorted(folder.glob("fidelity*-*.json")):
+        root = folder / f"recording-{path.stem.split('-', 1)[1]}"
+        fidelity = json.loads(path.read_text())
+        n = len(parse_cluster(fidelity["cluster"]).devices)
+        # The tensor-parallel suite records its four-device cluster in a folder of its own, not kept.
+        if any(root.glob(f"profiles/*/comm-{n}.json")):
+            out.append((path, replay(fidelity, root)))
+    return out
+
+
+def _print_runs(runs: list[tuple[Path, list[dict]]]) -> None:
+    """Each run's step-time MAPE, then each kind of plan (suite, family and knobs) over the runs: its
+    mean signed error, whose sign says which way the cost model leans on it, and its mean absolute one."""
+    kinds: dict[str, list[float]] = {}
+    for path, records in runs:
+        acc = accuracy_of(records)
+        print(f"{path.name}: step-time MAPE {acc.step_time_mape:.4f} (max {acc.step_time_max_err:.3f}) over "
+              f"{acc.n_plans} plans")
+        for r in records:
+            knobs = ", ".join(f"{k} {v}" for k, v in r["knobs"].items() if k != "strategy")
+            kind = f"{path.name.split('-', 1)[0]}: {r['strategy']} ({knobs})"
+            kinds.setdefault(kind, []).append(rel_err(r["pred_step_time_s"], r["meas_step_time_s"]))
+    print(f"by kind of plan over {len(runs)} runs (mean signed error, mean absolute error, runs):")
+    for kind, errs in sorted(kinds.items(), key=lambda kv: -abs(sum(kv[1]) / len(kv[1]))):
+        print(f"  {sum(errs) / len(errs):+7.1%} {sum(map(abs, errs)) / len(errs):6.1%} {len(errs):3d}  {kind}")
 
 
 def _print_replay(fidelity_path: Path, records: list[dict], root: Path) -> None:
@@ -387,8 +421,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replay", metavar="FIDELITY_JSON", default=None,
                    help="instead: predict a bench run's executed plans again from the profiles under --root "
                         "and print each plan's error against its measurement")
+    p.add_argument("--replay-runs", metavar="DIR", default=None,
+                   help="instead: replay every kept bench run under DIR (results/bench/runs: fidelity files "
+                        "beside their recording-STAMP folders) and print each run's MAPE and each kind of "
+                        "plan's mean error over the runs")
     args = p.parse_args(argv)
     root = Path(args.root)
+    if args.replay_runs is not None:
+        try:
+            runs = replay_runs(Path(args.replay_runs))
+        except (HetsimError, OSError, KeyError, ValueError) as e:
+            print(f"hetsim.search.golden: error: cannot replay the runs under {args.replay_runs}: {e}; give a "
+                  "folder of fidelity*-STAMP.json files with their recording-STAMP/profiles folders", file=sys.stderr)
+            return 2
+        if not runs:
+            print(f"hetsim.search.golden: error: no fidelity*-STAMP.json with a recording-STAMP/profiles folder "
+                  f"under {args.replay_runs}; give results/bench/runs or a folder laid out like it", file=sys.stderr)
+            return 2
+        _print_runs(runs)
+        return 0
     if args.replay is not None:
         try:
             records = replay(json.loads(Path(args.replay).read_text()), root)

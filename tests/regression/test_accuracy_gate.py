@@ -16,6 +16,7 @@ longer matches the ones the fidelity run recorded, is a failure that says what t
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from hetsim.search import golden
@@ -76,3 +77,26 @@ def test_replay_cli_prints_every_plan_and_refuses_a_missing_run(fidelity, capsys
     assert golden.main(["--replay", str(missing), "--root", str(golden.RESULTS)]) == 2
     err = capsys.readouterr().err
     assert str(missing) in err and "nox -s bench" in err and err.count("\n") == 1
+
+
+def test_replay_runs_cli_replays_each_kept_run_with_its_recording(capsys, tmp_path):
+    """Every fidelity file beside its recording is replayed (the gpt suite's files name no optimizer); one
+    whose recording lacks its cluster's size (the tensor-parallel suite records four devices elsewhere)
+    is left out; the kinds of plan are summed over the runs."""
+    runs = tmp_path / "runs"
+    (runs / "recording-X-a").mkdir(parents=True)
+    shutil.copytree(golden.RESULTS / "profiles", runs / "recording-X-a" / "profiles")
+    fid = json.loads(FIDELITY.read_text())
+    (runs / "fidelity-X-a.json").write_text(json.dumps(fid))
+    (runs / "fidelity_gpt-X-a.json").write_text(json.dumps(
+        {k: v for k, v in fid.items() if k != "optimizer"} | {"plans": fid["plans"][:3]}))
+    (runs / "fidelity_tp-X-a.json").write_text(json.dumps(fid | {"cluster": "emu:1.0@2G,1.0@2G,0.5@1G,0.5@1G"}))
+    (runs / "fidelity-Y-b.json").write_text(json.dumps(fid))  # no recording-Y-b beside it
+    assert [p.name for p, _ in golden.replay_runs(runs)] == ["fidelity-X-a.json", "fidelity_gpt-X-a.json"]
+    assert golden.main(["--replay-runs", str(runs)]) == 0
+    out = capsys.readouterr().out
+    acc = golden.accuracy_of(golden.replay(fid, golden.RESULTS))
+    assert f"fidelity-X-a.json: step-time MAPE {acc.step_time_mape:.4f}" in out
+    assert "by kind of plan over 2 runs" in out and "fidelity_gpt: " in out and "fidelity_tp" not in out
+    assert golden.main(["--replay-runs", str(tmp_path / "empty")]) == 2
+    assert "no fidelity" in capsys.readouterr().err
