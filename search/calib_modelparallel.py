@@ -106,21 +106,14 @@ def calibration_pipeline_plans(cost, global_batch: int, min_micro: int, precisio
 
 
 def calibration_multi_stage_plans(cost, global_batch: int, min_micro: int, precision: str = "fp32") -> list:
-    """The runs that calibrate the multi-stage schedules' per-action terms, up to three per schedule that
-    gives a term (`MULTI_TERM_RUN`: Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble) over every
-    device in order or in reverse (`preferred_order`), boundaries solved as the search would: two stages
-    per rank with P micro-batches (2P when P do not divide the batch); the most stages per rank that the
-    model's blocks allow (ZBV always 2) with as few micro-batches; and those stages with the most
-    micro-batches in the search's space up to 4P (the most that divide the batch with at least
-    `min_micro` samples each), the most actions a rank runs.  The term is fitted in micro-batches x
+    """The runs that calibrate the multi-stage schedules' per-action terms, two per schedule that gives a
+    term (`MULTI_TERM_RUN`: Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble) over every device in
+    order or in reverse (`preferred_order`), boundaries solved as the search would: two stages per rank
+    with P micro-batches (2P when P do not divide the batch), and the most actions a rank runs in the
+    search's space up to 4P micro-batches (the most stages per rank that the model's blocks allow, ZBV
+    always 2; the most micro-batches that divide the batch with at least `min_micro` samples each).  The term is fitted in micro-batches x
     stages per rank (`_pipeline_sched.action_term`).  None when the model has fewer than 2P blocks or
-    the loss is batch-coupled, and none for a schedule the installed torch lacks.
-
-    The middle shape is the one searches pick most (few micro-batches, many stages, a small bubble).
-    Without it, its term was read between the other two: a user's MobileNetV3 (14 blocks, 2026-12-06)
-    had its Interleaved1F1B term measured at -2.8 ms an action at 2 stages x 2 micro-batches and +1.0
-    at 4 x 8, the search then picked Interleaved1F1B and LoopedBFS plans of 4 stages per rank x 2
-    micro-batches read at -2.3 ms, and they measured 29 and 32 % slower than predicted."""
+    the loss is batch-coupled, and none for a schedule the installed torch lacks."""
     P = len(cost.cluster.devices)
     if cost.facts.batch_coupled or 2 * P > cost.facts.n_blocks:
         return []
@@ -134,7 +127,7 @@ def calibration_multi_stage_plans(cost, global_batch: int, min_micro: int, preci
         if schedule not in have:
             continue
         v_most = 2 if schedule in V_SHAPED else max(v for v in (2, 3, 4) if v * P <= cost.facts.n_blocks)
-        for v, m in dict.fromkeys([(2, first[0]), (v_most, first[0]), (v_most, ms[-1])]):
+        for v, m in dict.fromkeys([(2, first[0]), (v_most, ms[-1])]):
             try:
                 out.append(preferred_order(cost, schedule=schedule, stages_per_rank=v, microbatches=m,
                                            batch=global_batch, precision=precision))

@@ -124,7 +124,7 @@ def action_term(cost: CostModel, schedule: str, micro: float, chunks: int, preci
     v=2 -7.1 % and v=4 -12.9 %, ZBV -0.3 to -3.7 %, and vit's Interleaved1F1B -18.3 %; with Interleaved1F1B's
     term, InterleavedZeroBubble v=2 read +12.4 %; and bert's ZBV read -14.7 % without a term.
 
-    A multi-stage term is read by `chunks`, not by micro-batch size: its calibration runs up to three shapes of
+    A multi-stage term is read by `chunks`, not by micro-batch size: its calibration runs two shapes of
     each schedule (`hetsim.search.calib_modelparallel.calibration_multi_stage_plans`), and what they miss
     grows with the actions a rank runs.  gpt@tiny@64 on the default cluster, 2026-12-03, two interleaved
     runs of each plan, measured minus simulated without a term, per critical action:

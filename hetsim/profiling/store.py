@@ -201,7 +201,7 @@ class ModelProfile:
     torch.distributed.pipelining, p2p waits, contention and small-micro-batch costs the block timings miss)."""
     pipe_action_multi_s: dict[str, Fit] = field(default_factory=dict)
     """By schedule and group (`multi_stage_key`): the same for the multi-stage schedules, each from real
-    runs of its schedule (`_pipeline_sched.MULTI_TERM_RUN`) at up to three shapes, as a function of micro-batches x
+    runs of its schedule (`_pipeline_sched.MULTI_TERM_RUN`) at two shapes, as a function of micro-batches x
     stages per rank (one run, a constant, in recordings before 2026-12-03 19:00): torch runs them
     through `_PipelineScheduleRuntime`, whose waits differ from GPipe's and 1F1B's, and differ between
     them (`hetsim.strategies._pipeline_sched.action_term`).  Empty in profiles recorded before it: those
