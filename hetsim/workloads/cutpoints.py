@@ -19,6 +19,7 @@ why.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -56,10 +57,7 @@ def repeated_runs(module: nn.Module) -> list[tuple[str, list[str]]]:
         if not isinstance(mod, (nn.ModuleList, nn.Sequential, nn.ModuleDict)):
             continue
         members = [(n, kid) for n, kid in mod.named_children() if next(kid.parameters(), None) is not None]
-        counts: dict[type, int] = {}
-        for _, kid in members:
-            counts[type(kid)] = counts.get(type(kid), 0) + 1
-        score = max(counts.values(), default=0)
+        score = max(Counter(type(kid) for _, kid in members).values(), default=0)
         if score >= 2:
             scored.append((score, path, [f"{path}.{n}" if path else n for n, _ in members]))
     out: list[tuple[str, list[str]]] = []
@@ -194,7 +192,7 @@ def split_module(module: nn.Module, example: torch.Tensor, name: str) -> Split:
     if first is None:
         return _split_at(module, example, name, set(children))
     if len(best[1].blocks) > 1 or len(children) < 2:
-        if best[0] == first[0] or len(best[1].blocks) == 1:
+        if best[0] == first[0]:  # also every split of one block: a later one replaces first only with more
             return best[1]
         why = first[1].why_whole or f"only {len(first[1].blocks)} blocks there"
         return Split(blocks=best[1].blocks, notes=best[1].notes + (
