@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import statistics
 from collections.abc import Callable
 
@@ -98,10 +99,12 @@ def repeated_runs(run: Callable[[int], Measurement], repeats: int, at: Callable[
 
 
 def runs_in_turn(runs: list[Callable[[int], Measurement]], repeats: int, at: Callable[[Measurement], float] = _at_probe,
-                 on_disagree: Callable[[int, float, float], None] | None = None) -> list[list[Measurement]]:
+                 on_disagree: Callable[[int, float, float], None] | None = None,
+                 on_run: Callable[[int, int], None] | None = None) -> list[list[Measurement]]:
     """`repeated_runs` of several plans at once, taken in turn: round k runs the k-th run of every plan
     that still needs one, so that each plan's runs lie minutes apart and every plan meets the same phases
-    of the host.  `on_disagree(i, lo, hi)` before plan i's run past `repeats`."""
+    of the host.  `on_disagree(i, lo, hi)` before plan i's run past `repeats`; `on_run(i, k)` before
+    every run (plan i's k-th, from 0)."""
     done: list[list[Measurement]] = [[] for _ in runs]
     active = list(range(len(runs)))
     for k in range(repeats + MORE_RUNS):
@@ -113,6 +116,8 @@ def runs_in_turn(runs: list[Callable[[int], Measurement]], repeats: int, at: Cal
                     continue
                 if on_disagree is not None:
                     on_disagree(i, min(vals), max(vals))
+            if on_run is not None:
+                on_run(i, k)
             done[i].append(runs[i](k))
             if done[i][-1].timed:
                 going.append(i)
@@ -182,11 +187,15 @@ def taken_in_turn(plans: list[tuple[str, object]], *, cluster: Cluster, workload
     if len(plans) > 1:
         say(f"calibration runs of {len(plans)} plans taken in turn, {repeats} rounds: "
             + "; ".join(label for label, _ in plans))
+        started = itertools.count(1)
         runs = runs_in_turn(
             [lambda k, p=p: _calibration_run(p, cluster, workload, steps, timeout_s) for _, p in plans], repeats,
             at=lambda m: m.step_time_at(ref_probe_s),
             on_disagree=lambda i, a, b: say(f"  {plans[i][0]}: the runs disagree ({a:.3f} to {b:.3f} s at the "
-                                            "profiles' host speed): one more"))
+                                            "profiles' host speed): one more"),
+            # One line a run, as profiling prints one a micro-batch: these runs take minutes in all.
+            on_run=lambda i, k: say(f"  calibration run {next(started)} of {len(plans) * repeats}"
+                                    f"{' (one more)' if k >= repeats else ''}: {plans[i][0]} (round {k + 1})"))
         _TAKEN.update({_taken_key(p, cluster): r for (_, p), r in zip(plans, runs)})
     try:
         yield

@@ -33,9 +33,12 @@ def test_runs_in_turn_go_round_by_round_and_out_vote_per_plan():
     def run(i):
         return lambda k: order.append(i) or Measurement(status="ok", step_time_s=seqs[i][k])
 
+    announced: list[tuple[int, int]] = []
     runs = realruns.runs_in_turn([run(0), run(1), run(2)], 2, at=lambda m: m.step_time_s,
-                                 on_disagree=lambda i, lo, hi: disagreed.append(i))
+                                 on_disagree=lambda i, lo, hi: disagreed.append(i),
+                                 on_run=lambda i, k: announced.append((i, k)))
     assert order == [0, 1, 2, 0, 1, 2, 1]  # two rounds, then a third run for the plan whose runs disagree
+    assert announced == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1), (1, 2)]  # each run, as it starts
     assert disagreed == [1]
     assert [realruns.consensus([m.step_time_s for m in r]) for r in runs] == pytest.approx([1.005, 1.495, 2.01])
 
@@ -61,6 +64,9 @@ def test_every_data_parallel_term_runs_in_turn_and_solves_as_before(make_cost, g
     assert [repr(p) for p in ran[:6]] == [repr(p) for p in ran[6:]]  # round by round
     assert len({repr(p) for p in ran}) == 6
     assert any("taken in turn" in s for s in said)
+    runs_said = [s for s in said if "calibration run " in s]  # one line a run, as it starts
+    assert [s.split(":")[0].strip() for s in runs_said] == [f"calibration run {n} of 12" for n in range(1, 13)]
+    assert runs_said[0].endswith("(round 1)") and runs_said[-1].endswith("(round 2)")
     prof = next(iter(profiles.models.values()))
     key = next(iter(prof.sync_residual_s))
     sim = DDP().predict(ran[0], cost)[0].step_time_s
