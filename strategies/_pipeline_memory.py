@@ -156,6 +156,13 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
     retain = len(stages) > 1
     out_u = {s: out_b[s] if retain else 0.0 for s in stages}
     in_u = {s: in_b[s] if retain else 0.0 for s in stages}
+    # A one-stage-per-rank schedule (GPipe, 1F1B) holds the tensors crossing its cuts only while a backward
+    # runs: the gradient received for the stage's output and the one it makes for its input, one boundary
+    # tensor each (the multi-stage schedules above keep both to the end of the step).  Small beside most
+    # stages' activations, not beside a cut after a U-Net's concatenated skip: a user U-Net, 1F1B m=2,
+    # [0:3] [3:4], fp32, measured 95.4 / 18.0 MiB, predicted -6.6 / -24.0 % without them, -2.4 / -1.8 %
+    # with; resnet18 GPipe m=2 with the stem alone on the first stage, kept bench runs: -13.5 -> -10.2 %.
+    crossing = {s: 0.0 if retain else out_b[s] + in_b[s] for s in stages}
     held = waiting = 0.0
     best = (0.0, float(optimizer_step_temp_bytes(cost.optimizer, numels)))  # (activations, other)
     for a in actions:
@@ -168,7 +175,7 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
             held += kept[s] + loss_kept[s] + out_u[s] + casts.pop(s, 0.0)
             phase = (held, waiting)
         elif full_backward:  # a backward sweeps the stage
-            phase = (held + sweep[s], waiting + max(stage_temps[s] + wgrad[s], full_sweep[s]))
+            phase = (held + sweep[s], waiting + crossing[s] + max(stage_temps[s] + wgrad[s], full_sweep[s]))
         elif input_backward:
             phase = (held + sweep[s], waiting + max(stage_temps[s], grad_sweep[s]))
         elif a.kind == "I":
