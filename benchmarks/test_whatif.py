@@ -25,8 +25,7 @@ def test_whatif_accuracy(benchmark):
         "order_violations": whatif.order_violations(checked),
         "per_source": {src: {"rows": len(part), "median_abs_error": whatif.median_abs_error(part),
                              "order_violations": whatif.order_violations(part)}
-                       for src in dict.fromkeys(c.row.source for c in checked)
-                       for part in [[c for c in checked if c.row.source == src]]},
+                       for src, part in whatif.by_source(checked).items()},
         "per_row": [{"model": c.row.model, "gpu": c.row.gpu, "precision": c.row.precision, "batch": c.row.batch,
                      "published": c.row.samples_per_s, "predicted": round(c.predicted, 1),
                      "error": round(c.error, 4), "source": c.row.source} for c in checked],

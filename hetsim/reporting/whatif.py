@@ -57,6 +57,14 @@ def fitted(row: Published) -> bool:
     return row.gpu in FIT_GPUS and row.source not in HELD_OUT_SOURCES
 
 
+def by_source(checked: list[Checked]) -> dict[str, list[Checked]]:
+    """The checked rows per source, in the table's order."""
+    out: dict[str, list[Checked]] = {}
+    for c in checked:
+        out.setdefault(c.row.source, []).append(c)
+    return out
+
+
 def published_rows() -> list[Published]:
     text = resources.files("hetsim").joinpath("data/published_throughput.csv").read_text()
     return [Published(model=r["model"], gpu=r["gpu"], published_gpu=r["published_gpu"], precision=r["precision"],
@@ -218,8 +226,7 @@ def main(argv: list[str]) -> int:
                         ("bert", [c for c in checked if c.row.model.startswith("bert")]),
                         ("fitted rows", [c for c in checked if fitted(c.row)]),
                         ("held-out rows", [c for c in checked if not fitted(c.row)]),
-                        *((f"source {s}", [c for c in checked if c.row.source == s])
-                          for s in dict.fromkeys(c.row.source for c in checked))):
+                        *((f"source {s}", part) for s, part in by_source(checked).items())):
         print(f"{label}: median |error| {median_abs_error(part):.1%} over {len(part)} rows; "
               f"order violations {len(order_violations(part))}")
     for v in order_violations(checked):
