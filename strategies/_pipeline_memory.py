@@ -12,6 +12,7 @@ from hetsim.model.memory import (
     block_activations,
     largest_param_bytes,
     loss_kept_bytes,
+    loss_temporaries_bytes,
     optimizer_step_temp_bytes,
     split_grad_bytes,
     temporaries_bytes,
@@ -45,7 +46,7 @@ def stage_state(cost: CostModel, lo: int, hi: int) -> tuple[int, int, int]:
 
 
 def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence[int], micro: int,
-                precision: str, ckpt: int) -> MemoryBreakdown:
+                precision: str, ckpt: int, schedule: str = "") -> MemoryBreakdown:
     """Bytes one pipeline rank holds at its peak.
 
     Its stages' state (parameters, buffers, gradients, optimizer state) plus the largest of
@@ -55,7 +56,9 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
       (block k holds all it saved or recomputes) plus the calibrated temporaries of a backward;
       a zero-bubble schedule's split backward keeps each stage's graph and its captured activation
       gradients from the input backward (I) to the weight backward (W); a multi-stage schedule keeps
-      every micro-batch's stage outputs and input gradients until the step ends;
+      every micro-batch's stage outputs and input gradients until the step ends; a one-stage-per-rank
+      schedule (`schedule`: 'GPipe' or '1F1B') keeps every micro-batch's receive slot, and its input
+      gradients until their sends are waited;
     - the optimizer step, after every activation is freed: its temporaries
       (`optimizer_step_temp_bytes`), which is where a late stage with small activations peaks.
     Data-parallel replicas of the pipeline sum the gradients in place (`PipelineExecutor._sum_grads_over_replicas`).
@@ -75,6 +78,12 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
     out_b: dict[int, float] = {}  # the stage's output, sent on (none from the last stage)
     in_b: dict[int, float] = {}  # the stage's received input (none on the first stage)
     casts: dict[int, float] = {}  # autocast's weight copies, made once a step
+    # torch's one-stage-per-rank schedules (GPipe, 1F1B) receive each micro-batch's input into a slot
+    # of its own, allocated by the first step and kept (`PipelineStage`'s receive buffers): a later
+    # stage's received inputs are all alive by its last forward, whatever the micro-batches in flight.
+    # A user U-Net, fp32, 1F1B m=4 [0:2] [2:4], second stage: its four 4 MiB slots were alive at its
+    # peak (saved-tensor trace of the measured step), where one per micro-batch in flight was predicted.
+    slots = len(stages) == 1
     for s in stages:
         lo, hi = boundaries[s], boundaries[s + 1]
         p, gr, o = stage_state(cost, lo, hi)
@@ -87,14 +96,17 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
         # rank, measured 4.2 MiB more activations than predicted, its stages' fp32 inputs (0.79 MiB per
         # stage and micro-batch) counted nowhere.
         own_in = in_b[s] - ba.input_in_full[lo] if s > 0 else 0.0
+        if slots:  # the received input is its receive slot, counted once a micro-batch for the whole step
+            own_in -= in_b[s]
         # Autocast's cached weight copies are made by the stage's first forward of the step and held
         # to its end, once whatever the micro-batches in flight (`block_activations`' per_step): each
         # micro-batch's activations are the rest.  gpt@tiny@64 LoopedBFS m=4 bf16, 2026-12-06
         # (MemTracker after each action): a one-layer stage's first forward added 2.91 MiB, each later
         # one 2.52; the layer's bf16 weights are 0.375 MiB, its saved bytes' intercept in the profile.
         casts[s] = sum(ba.per_step[lo:hi])
-        k_s = [ba.kept[k] - ba.per_step[k] + (own_in if k == lo and k >= ckpt else 0.0) for k in range(lo, hi)]
-        f_s = [ba.full[k] - ba.per_step[k] + (own_in if k == lo else 0.0) for k in range(lo, hi)]
+        k_s = [max(0.0, ba.kept[k] - ba.per_step[k] + (own_in if k == lo and (k >= ckpt or slots) else 0.0))
+               for k in range(lo, hi)]
+        f_s = [max(0.0, ba.full[k] - ba.per_step[k] + (own_in if k == lo else 0.0)) for k in range(lo, hi)]
         kept[s] = sum(k_s)
         # A block's backward also holds its internal activation gradients (split_grad_bytes): where
         # a block with large activations runs its backward late (a checkpointed early stage
@@ -143,6 +155,18 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
     if last is not None:
         loss_kept[last] = loss_kept_bytes(cost, micro, precision)
         stage_temps[last] = max(0.0, temps - loss_kept[last])
+    # A one-stage-per-rank stage that is not the whole model has none of the whole model's calibrated
+    # temporaries but its own: its blocks' activation gradients (`full_sweep`), the tensors crossing
+    # its cuts, and on the last stage the loss's, which peak before the stage's blocks run their
+    # backward (the loss's gradients, then one logits-sized gradient left for the last block).
+    # Saved-tensor trace of gpt@tiny@64 1F1B m=2 [0:5] [5:6], the head's rank: 32 MiB of loss tensors
+    # at its peak and one input gradient, not yet its second.
+    local = slots and (boundaries[stages[0]] > 0 or boundaries[stages[-1] + 1] < boundaries[-1])
+    loss_phase = {s: 0.0 for s in stages}
+    logits_grad = {s: 0.0 for s in stages}
+    if local and last is not None:
+        loss_phase[last] = max(0.0, loss_temporaries_bytes(cost, micro) - loss_kept[last])
+        logits_grad[last] = loss_temporaries_bytes(cost, micro, copies=1)
     split = any(a.kind == "W" for a in actions)
     # torch runs the multi-stage schedules (two or more stages per rank) through its
     # `_PipelineScheduleRuntime`, which waits on its sends only at the end of the step and hands a
@@ -163,6 +187,12 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
     # [0:3] [3:4], fp32, measured 95.4 / 18.0 MiB, predicted -6.6 / -24.0 % without them, -2.4 / -1.8 %
     # with; resnet18 GPipe m=2 with the stem alone on the first stage, kept bench runs: -13.5 -> -10.2 %.
     crossing = {s: 0.0 if retain else out_b[s] + in_b[s] for s in stages}
+    # Their input gradients live until their sends are waited: ScheduleGPipe waits them all after its
+    # last backward, Schedule1F1B each one after the next backward (the U-Net's second stage above held
+    # two; GPipe m=4, four).
+    slot_u = {s: in_b[s] if slots else 0.0 for s in stages}
+    gpipe = schedule == "GPipe"
+    sent_grads = 0.0
     held = waiting = 0.0
     best = (0.0, float(optimizer_step_temp_bytes(cost.optimizer, numels)))  # (activations, other)
     for a in actions:
@@ -172,10 +202,14 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
         full_backward = a.kind == "B" or (a.kind == "W" and s == 0)
         input_backward = a.kind == "I" and s > 0
         if a.kind == "F":
-            held += kept[s] + loss_kept[s] + out_u[s] + casts.pop(s, 0.0)
+            held += kept[s] + loss_kept[s] + out_u[s] + slot_u[s] + casts.pop(s, 0.0)
             phase = (held, waiting)
         elif full_backward:  # a backward sweeps the stage
-            phase = (held + sweep[s], waiting + crossing[s] + max(stage_temps[s] + wgrad[s], full_sweep[s]))
+            if local:
+                own = max(loss_phase[s], logits_grad[s] + crossing[s] + max(wgrad[s], full_sweep[s]))
+            else:
+                own = crossing[s] + max(stage_temps[s] + wgrad[s], full_sweep[s])
+            phase = (held + sweep[s], waiting + own)
         elif input_backward:
             phase = (held + sweep[s], waiting + max(stage_temps[s], grad_sweep[s]))
         elif a.kind == "I":
@@ -194,6 +228,9 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
             waiting += pending[s]
         elif a.kind == "B":
             waiting += in_u[s]
+            if slots:  # this backward's input gradient, until its send is waited
+                waiting += in_b[s] - (0.0 if gpipe else sent_grads)
+                sent_grads = in_b[s]
         if a.kind == ("W" if split else "B"):
             held -= kept[s]
             if split:
@@ -207,5 +244,5 @@ def replicas_memory(cost: CostModel, schedule: str, n_ranks: int, boundaries: Se
     """`rank_memory` of every rank of data-parallel replicas of one pipeline of `n_ranks` ranks,
     replica by replica (replica i's micro-batches hold `micros[i]` samples)."""
     acts = rank_actions(schedule, n_ranks, m, (len(boundaries) - 1) // max(1, n_ranks))
-    return tuple(rank_memory(cost, acts[k % n_ranks], boundaries, micros[k // n_ranks], precision, ckpt)
+    return tuple(rank_memory(cost, acts[k % n_ranks], boundaries, micros[k // n_ranks], precision, ckpt, schedule)
                  for k in range(n_ranks * len(micros)))

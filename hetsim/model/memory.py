@@ -194,23 +194,35 @@ def _block_activations(cost: CostModel, mb: float, precision: str, ckpt: int) ->
     inp = [prof.input_bytes_per_sample * mb] + [blocks[k - 1].boundary_bytes_per_sample(key) * mb for k in range(1, n)]
     # Boundary tensors saved by both neighbours (a block's output that the next block saves as its
     # input) are one storage: the calibrated whole-model total says how much the per-block sum
-    # over-counts; it is spread over the boundaries in proportion to their size.  What the boundaries
-    # cannot explain (a block timed alone saves its leaf input, which inside the model is a view or
-    # not saved at all: simclr's blocks over-count 17 MiB at 40 samples beyond their boundaries) comes
-    # off every block in proportion to its bytes, so that the blocks add up to the whole model's.
+    # over-counts.  Profiles that record which blocks save their input and output (`saves_input`,
+    # `saves_output`) place it on the boundaries both sides save; older ones spread it over every
+    # boundary in proportion to its size (a U-Net whose middle block ends in a concatenation, which
+    # saves nothing, had 1, 2 and 1 MiB taken off its boundaries where the real overlaps were 2, 0
+    # and 2).  What the boundaries cannot explain (a block timed alone saves its leaf input, which
+    # inside the model is a view or not saved at all: simclr's blocks over-count 17 MiB at 40 samples
+    # beyond their boundaries) comes off every block in proportion to its bytes, so that the blocks
+    # add up to the whole model's.
+    known = all(key in b.saves_input and key in b.saves_output for b in blocks)
+    if known:
+        saved_in = [inp[k] if blocks[k].saves_input[key] else 0.0 for k in range(n)]
+        shared = [0.0] + [saved_in[k] if blocks[k - 1].saves_output[key] else 0.0 for k in range(1, n)]
+    else:
+        shared = [0.0] + inp[1:]
     overlap = [0.0] * n
     scale = 1.0
     cal = prof.memory
-    if cal is not None and n > 1:
-        whole = (cal.saved_bytes.get(key) or cal.saved_bytes.get("fp32"))
-        boundary = sum(inp[1:])
-        if whole is not None and boundary > 0:
-            extra = max(0.0, sum(act) - whole(mb))
+    whole = (cal.saved_bytes.get(key) or cal.saved_bytes.get("fp32")) if cal is not None and n > 1 else None
+    if whole is not None:
+        extra = max(0.0, sum(act) - whole(mb))
+        boundary = sum(shared)
+        if boundary > 0:
             share = min(1.0, extra / boundary)
-            overlap = [0.0] + [share * b for b in inp[1:]]
-            own = sum(max(0.0, a - o) for a, o in zip(act, overlap))
-            if own > whole(mb) > 0:
-                scale = whole(mb) / own
+            overlap = [share * b for b in shared]
+        own = sum(max(0.0, a - o) for a, o in zip(act, overlap))
+        if own > whole(mb) > 0 and (known or boundary > 0):
+            scale = whole(mb) / own
+    if not known:
+        saved_in = overlap  # the estimate of a block's saved input where no overlap is taken off
     kept, full, input_in_full, per_step = [], [], [], []
     for k in range(n):
         # Only a block that is not checkpointed saves its output for the next block to share.
@@ -218,7 +230,7 @@ def _block_activations(cost: CostModel, mb: float, precision: str, ckpt: int) ->
         mine = max(0.0, act[k] - ovl) * scale
         kept.append(max(0.0, inp[k] - ovl) if k < ckpt else mine)
         full.append(mine)
-        input_in_full.append(0.0 if ovl else min(mine, overlap[k] * scale))
+        input_in_full.append(min(mine, max(0.0, saved_in[k] - ovl) * scale) if k >= 1 else 0.0)
         casts = 0.0
         if key != "fp32" and k >= ckpt:
             casts = min(max(0.0, blocks[k].act_bytes[key].intercept) * scale, 2.0 * blocks[k].trainable_count, mine)

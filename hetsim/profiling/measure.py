@@ -19,7 +19,7 @@ from hetsim.model.costmodel import LOW_PRECISION_SKIP
 from hetsim.profiling.hostspeed import ELASTICITY, HostProbe, at_ref, ref_of
 from hetsim.profiling.memcal import profile_memory
 from hetsim.profiling.precision import screen_precisions
-from hetsim.profiling.saved import saved_storages, storage_ids
+from hetsim.profiling.saved import saved_ends, saved_storages, storage_ids
 from hetsim.profiling.store import (
     BlockProfile,
     BlockTiming,
@@ -284,7 +284,7 @@ def profile_model(
                 for full, p, mb in m.fulls]
     by_mb = [[m.at(full, p) for full, p, j in m.fulls if j == mb] for mb in micro_batches]
     spreads = [rel_mad(ts) for ts in by_mb if len(ts) > 1]
-    bps = _block_profiles(m, micro_batches, timed, _out_itemsizes(m, model, timed))
+    bps = _block_profiles(m, micro_batches, timed, _out_itemsizes(m, model, timed), _saved_ends(m, timed))
     opt_fits = _optimizer_fits(model, device, reps, m.probe, m.ref)
     host_fits: dict[str, Fit] = {}
     if device.type != "cpu":  # CPU offload steps the optimizer on the host: measured there too
@@ -477,8 +477,18 @@ def _out_itemsizes(m: _Measured, model: nn.Module, precisions: tuple[str, ...]) 
     return sizes
 
 
+def _saved_ends(m: _Measured, precisions: tuple[str, ...]) -> dict[str, list[tuple[bool, bool]]]:
+    """Per precision, `saved_ends` of the blocks chained under that precision's autocast."""
+    x, _ = m.workload.make_batch(2, 123)
+    ends = {}
+    for prec in precisions:
+        with autocast(m.device, prec):
+            ends[prec] = saved_ends([blk for _, blk in m.blocks], x.to(m.device), m.param_storages)
+    return ends
+
+
 def _block_profiles(m: _Measured, micro_batches: tuple[int, ...], precisions: tuple[str, ...],
-                    out_itemsize: dict[str, list[int]]) -> list[BlockProfile]:
+                    out_itemsize: dict[str, list[int]], ends: dict[str, list[tuple[bool, bool]]]) -> list[BlockProfile]:
     """Each block's sizes, its timings through the measured points (`Fit.measured`) and its activation
     bytes fitted linearly in the micro-batch."""
     bps = []
@@ -499,6 +509,8 @@ def _block_profiles(m: _Measured, micro_batches: tuple[int, ...], precisions: tu
                 scalar_params=sum(p.dim() == 0 for p in blk.parameters()),
                 split_grad_bytes_per_sample={p: m.split_grads[p][k] for p in precisions},
                 out_itemsize={p: out_itemsize[p][k] for p in precisions},
+                saves_input={p: ends[p][k][0] for p in precisions},
+                saves_output={p: ends[p][k][1] for p in precisions},
             )
         )
     return bps

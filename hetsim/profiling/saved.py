@@ -40,3 +40,23 @@ def saved_storages(exclude: set[int] | frozenset[int] = frozenset()) -> Iterator
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         yield seen
+
+
+
+def saved_ends(blocks: Iterable[torch.nn.Module], x: torch.Tensor,
+               exclude: set[int] | frozenset[int] = frozenset()) -> list[tuple[bool, bool]]:
+    """Per block, chained on `x` as in training (with autograd, under the caller's autocast): whether
+    the block's own graph saves its input, and whether it saves its output.  Where one block saves its
+    output and the next saves it as its input, the two profiled blocks count one storage twice; where
+    either does not (a block that ends in a concatenation or a residual add; one that casts its input
+    first, under autocast), nothing is shared.  `exclude`: the parameters' `storage_ids`."""
+    ends = []
+    h = x
+    with torch.enable_grad():
+        for blk in blocks:
+            with saved_storages(exclude) as seen:
+                out = blk(h)
+            ends.append((isinstance(h, torch.Tensor) and storage_id(h) in seen,
+                         isinstance(out, torch.Tensor) and storage_id(out) in seen))
+            h = out
+    return ends

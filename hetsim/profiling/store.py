@@ -70,6 +70,16 @@ class BlockProfile:
     precision's autocast.  A conv net's stages hand bf16 tensors on (convolution, norm, ReLU and residual
     add all stay bf16 on a CPU), a transformer's residual stream stays fp32.  Empty in profiles before
     this field: 4."""
+    saves_input: dict[str, bool] = field(default_factory=dict)
+    """Per precision: whether the block's own graph saves its input for backward, with the blocks
+    chained as in training under that precision's autocast (`saved.saved_ends`: a convolution or a
+    norm first saves it; a concatenation, or a cast under autocast, does not).  Empty in profiles before
+    this field: unknown."""
+    saves_output: dict[str, bool] = field(default_factory=dict)
+    """Per precision: whether the block's own graph saves its output (a block ending in a ReLU does;
+    one ending in a residual add or a concatenation does not).  Adjacent blocks count one storage twice
+    only where the first saves its output and the next its input (`memory.block_activations`).  Empty
+    in profiles before this field: unknown."""
 
     def boundary_bytes_per_sample(self, precision: str) -> float:
         """Bytes of the block's output per sample under `precision`: what a pipeline stage sends on,

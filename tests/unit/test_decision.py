@@ -207,6 +207,9 @@ def test_profile_model_times_every_point_in_interleaved_rounds(monkeypatch):
     assert calls and prof.timing_spread == pytest.approx(0.1)
     assert all(b.timing["fp32"].fwd_s(mb) == pytest.approx(0.010) for b in prof.blocks for mb in (2, 4))
     assert prof.fingerprint["format"] == measure.FORMAT == "9"
+    # Each block's linear saves its input and its ReLU its output; the output layer ends in a linear.
+    assert [(b.saves_input["fp32"], b.saves_output["fp32"]) for b in prof.blocks] == \
+        [(True, True)] * (len(prof.blocks) - 1) + [(True, False)]
 
 
 @pytest.mark.parametrize("cliff, knots", [(None, [2, 16, 31]), (14, [2, 9, 12, 13, 14, 16, 31])])

@@ -127,9 +127,10 @@ def test_action_round_trip():
 @pytest.mark.parametrize("p,m", [(2, 4), (4, 4), (4, 8)])
 def test_activations_in_flight(p, m):
     """GPipe holds every micro-batch; torch's 1F1B holds at most p - s on stage s (the last stage
-    also keeps each one's output and the loss's saved tensor: `LOSS_KEPT_COPIES` x 1000 bytes; every
-    stage after the first its received input, 1000 bytes a sample, which these blocks' saved bytes
-    are not known to include: no whole-model calibration says they share it)."""
+    also keeps each one's output and the loss's saved tensor: `LOSS_KEPT_COPIES` x 1000 bytes).  Every
+    stage after the first also holds the receive slot of each of the m micro-batches by its last
+    forward, 1000 bytes a sample, which these blocks' saved bytes are not known to include: no
+    whole-model calibration says they share it."""
     assert inflight_counts(rank_actions("GPipe", p, m, 1), p) == (m,) * p
     assert inflight_counts(rank_actions("1F1B", p, m, 1), p) == tuple(min(m, p - s) for s in range(p))
     cost = synthetic_cost([1.0] * p, [1e-3] * p, act_bytes=[1e4] * p)
@@ -138,7 +139,7 @@ def test_activations_in_flight(p, m):
     assert gp[0].activations_bytes == m * 4 * 10_000
     loss = [LOSS_KEPT_COPIES * 1000 if s == p - 1 else 0 for s in range(p)]
     received = [1000 if s > 0 else 0 for s in range(p)]
-    assert [x.activations_bytes for x in ofob] == [min(m, p - s) * 4 * (10_000 + loss[s] + received[s])
+    assert [x.activations_bytes for x in ofob] == [min(m, p - s) * 4 * (10_000 + loss[s]) + m * 4 * received[s]
                                                    for s in range(p)]
 
 
