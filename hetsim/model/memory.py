@@ -175,8 +175,9 @@ class _BlockActs:
     """Bytes block k holds while it runs backward (recomputed when checkpointed)."""
     input_in_full: list[float]
     """Bytes of block k's input that `full` (and `kept`, unless the block is checkpointed) still
-    counts as block k's own: its estimated saved input where the previous block is checkpointed, so
-    nothing was subtracted as the previous block's saved output (one storage); 0 elsewhere."""
+    counts as block k's own: its saved input less what was taken off as the previous block's saved
+    output (one storage).  Profiles with `saves_input` know the saved input; older ones estimate it by
+    the boundary's share of the overlap, counted only where the previous block is checkpointed."""
     per_step: list[float]
     """Of `kept`, the bytes that do not grow with the micro-batch and that autocast makes once a step:
     the low-precision copies of the block's weights, which autocast caches for the whole autocast
