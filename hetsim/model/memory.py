@@ -175,9 +175,8 @@ class _BlockActs:
     """Bytes block k holds while it runs backward (recomputed when checkpointed)."""
     input_in_full: list[float]
     """Bytes of block k's input that `full` (and `kept`, unless the block is checkpointed) still
-    counts as block k's own: its saved input less what was taken off as the previous block's saved
-    output (one storage).  Profiles with `saves_input` know the saved input; older ones estimate it by
-    the boundary's share of the overlap, counted only where the previous block is checkpointed."""
+    counts as block k's own: its saved input (from `saves_input`; in older profiles the boundary's share
+    of the overlap) less what was taken off as the previous block's saved output (one storage)."""
     per_step: list[float]
     """Of `kept`, the bytes that do not grow with the micro-batch and that autocast makes once a step:
     the low-precision copies of the block's weights, which autocast caches for the whole autocast
@@ -193,16 +192,11 @@ def _block_activations(cost: CostModel, mb: float, precision: str, ckpt: int) ->
     key = precision if precision in blocks[0].act_bytes else "fp32"
     act = [b.act_bytes[key](mb) for b in blocks]
     inp = [prof.input_bytes_per_sample * mb] + [blocks[k - 1].boundary_bytes_per_sample(key) * mb for k in range(1, n)]
-    # Boundary tensors saved by both neighbours (a block's output that the next block saves as its
-    # input) are one storage: the calibrated whole-model total says how much the per-block sum
-    # over-counts.  Profiles that record which blocks save their input and output (`saves_input`,
-    # `saves_output`) place it on the boundaries both sides save; older ones spread it over every
-    # boundary in proportion to its size (a U-Net whose middle block ends in a concatenation, which
-    # saves nothing, had 1, 2 and 1 MiB taken off its boundaries where the real overlaps were 2, 0
-    # and 2).  What the boundaries cannot explain (a block timed alone saves its leaf input, which
-    # inside the model is a view or not saved at all: simclr's blocks over-count 17 MiB at 40 samples
-    # beyond their boundaries) comes off every block in proportion to its bytes, so that the blocks
-    # add up to the whole model's.
+    # A boundary tensor both neighbours save is one storage; the calibrated whole-model total says how
+    # much the per-block sum over-counts.  It comes off the boundaries both sides save (`saves_input`,
+    # `saves_output`; profiles without them: every boundary, by size).  The rest (a block timed alone
+    # saves its leaf input: simclr's blocks over-count 17 MiB at 40 samples beyond their boundaries)
+    # comes off every block in proportion to its bytes, so that the blocks add up to the whole model.
     known = all(key in b.saves_input and key in b.saves_output for b in blocks)
     if known:
         saved_in = [inp[k] if blocks[k].saves_input[key] else 0.0 for k in range(n)]
@@ -222,8 +216,7 @@ def _block_activations(cost: CostModel, mb: float, precision: str, ckpt: int) ->
         own = sum(max(0.0, a - o) for a, o in zip(act, overlap))
         if own > whole(mb) > 0 and (known or boundary > 0):
             scale = whole(mb) / own
-    if not known:
-        saved_in = overlap  # the estimate of a block's saved input where no overlap is taken off
+    saved_in = saved_in if known else overlap  # older profiles: the overlap estimates the saved input
     kept, full, input_in_full, per_step = [], [], [], []
     for k in range(n):
         # Only a block that is not checkpointed saves its output for the next block to share.
