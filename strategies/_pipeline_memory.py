@@ -95,9 +95,9 @@ def rank_memory(cost: CostModel, actions: Sequence[Action], boundaries: Sequence
         # a ConvNeXt-like user model under bf16 autocast, Interleaved1F1B with three one-block stages on a
         # rank, measured 4.2 MiB more activations than predicted, its stages' fp32 inputs (0.79 MiB per
         # stage and micro-batch) counted nowhere.
-        own_in = in_b[s] - ba.input_in_full[lo] if s > 0 else 0.0
-        if slots:  # the received input is its receive slot, counted once a micro-batch for the whole step
-            own_in -= in_b[s]
+        # With receive slots the received input is its slot, counted once a micro-batch for the whole
+        # step (`slot_u`): the first block's own count of it comes off instead.
+        own_in = (0.0 if slots else in_b[s]) - ba.input_in_full[lo] if s > 0 else 0.0
         # Autocast's cached weight copies are made by the stage's first forward of the step and held
         # to its end, once whatever the micro-batches in flight (`block_activations`' per_step): each
         # micro-batch's activations are the rest.  gpt@tiny@64 LoopedBFS m=4 bf16, 2026-12-06

@@ -42,7 +42,6 @@ def saved_storages(exclude: set[int] | frozenset[int] = frozenset()) -> Iterator
         yield seen
 
 
-
 def saved_ends(blocks: Iterable[torch.nn.Module], x: torch.Tensor,
                exclude: set[int] | frozenset[int] = frozenset()) -> list[tuple[bool, bool]]:
     """Per block, chained on `x` as in training (with autograd, under the caller's autocast): whether

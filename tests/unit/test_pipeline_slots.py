@@ -63,8 +63,7 @@ def test_the_overlap_of_adjacent_blocks_sits_on_the_boundaries_both_save():
     # that starts there does not count its received input a second time.
     assert acts.input_in_full[2] == pytest.approx(4.0)
     # A profile without the flags spreads the overlap over both boundaries.
-    unflagged = _flagged(base, ends, 26.0)
-    model = unflagged.base_profile
+    model = flagged.base_profile
     model = replace(model, blocks=tuple(replace(b, saves_input={}, saves_output={}) for b in model.blocks))
     old = CostModel(base.cluster, ProfileSet(models={model.device_kind: model}, comm=base.profiles.comm), "sgd")
     assert block_activations(old, 1, "fp32", 0).full == pytest.approx([10.0, 8.0, 8.0])
