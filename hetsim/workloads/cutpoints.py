@@ -3,11 +3,11 @@
 The rule: trace the module's forward with torch.fx, keeping as single calls the children (those that
 hold parameters) of the container whose children repeat one class most often (a ModuleList,
 nn.Sequential or ModuleDict of layers; any other container as repeated, such as a decoder beside its
-encoder; the next container when that one's cuts leave fewer than three blocks; else the top-level
-children).  A cut may go before
-each such block (its first call, or the first call inside it for a ModuleDict layer) and after the
-last one, and is kept only where exactly one value flows across
-it (a residual or a second input that jumps over the cut forbids it).  Blocks that share a
+encoder; the next container when none of the cuts between that one's layers holds; else the
+top-level children).  A cut goes between each such block and the next, at the last point before the next one's
+call (the first call inside it for a ModuleDict layer) where exactly one value flows across (a
+residual or a second input that jumps over every such point forbids it; functional work before the
+call, such as a norm, does not), and after the last one at the first such point.  Blocks that share a
 parameter (tied weights) are merged, with everything between them, so tied parameters stay on one
 stage.  A block with no trainable parameters joins its neighbour (a stage of it alone
 would have nothing to train).  The chain is checked against the module's own output on an example batch.  A run that
@@ -32,10 +32,14 @@ class Split:
     notes: tuple[str, ...] = ()
     why_whole: str = ""
     """Why it runs as one block (empty when it was split)."""
+    between_layers: int = 0
+    """Cuts between two of the kept calls (the layers of the run), not before the first or after the last."""
 
 
 MOST_CANDIDATES = 8
 """Containers tried, most repeated first, before the top-level children."""
+CROSSED = ("every cut between its child blocks is crossed by more than one value (a skip connection or a second "
+           "input jumps over it)")
 
 
 def repeated_runs(module: nn.Module) -> list[tuple[str, list[str]]]:
@@ -81,29 +85,42 @@ class _Tracer(fx.Tracer):
         return super().is_leaf_module(m, qualname)
 
 
-def _valid_cuts(root: nn.Module, graph: fx.Graph, anchors: set[str]) -> tuple[list[fx.Node], list[int], list[int]]:
-    """The graph's compute nodes, candidate cut positions (before each anchor call, after the
-    last one), and those where exactly one value (not a parameter read) is live."""
+def _valid_cuts(root: nn.Module, graph: fx.Graph, anchors: set[str]
+                ) -> tuple[list[fx.Node], list[int], list[int], range]:
+    """The graph's compute nodes, candidate cut positions (before each anchor call, after the last
+    one), the valid cuts, and the positions between the anchors' first and last call.  A valid cut is
+    where exactly one value (not a parameter or constant read) is live: in the stretch between one
+    anchor's calls and the next anchor's first call the last such position, so that functional work
+    before a layer call (`x + layer(F.layer_norm(x, ...))`) does not forbid the cut; after the last
+    anchor the first one (after its residual add), up to the next module call."""
     nodes = [n for n in graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
     pos = {n: i for i, n in enumerate(nodes)}
-    anchor_idx = sorted({min(starts) for a in anchors if (starts := [i for i, n in enumerate(nodes) if _within(n, a)])})
-    if not anchor_idx:
-        return nodes, [], []
-    cands = sorted(set(anchor_idx[1:] + [anchor_idx[0]] * (anchor_idx[0] > 0) + [anchor_idx[-1] + 1]))
-    # A stage may not start with an in-place op (autograd refuses to modify its input leaf in place).
-    cands = [c for c in cands if 0 < c < len(nodes) and not _inplace(root, nodes[c])]
+    spans = sorted((min(idx), max(idx)) for a in anchors if (idx := [i for i, n in enumerate(nodes) if _within(n, a)]))
+    if not spans:
+        return nodes, [], [], range(0)
+    cands = sorted({s for s, _ in spans if s > 0} | {spans[-1][1] + 1})
     last_use = {}
     for n in graph.nodes:
         for user in n.users:
             last_use[n] = max(last_use.get(n, -1), pos.get(user, len(nodes)))
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    valid = []
-    for c in cands:
+
+    def ok(c: int) -> bool:
+        # A stage may not start with an in-place op (autograd refuses to modify its input leaf in place).
+        if not 0 < c < len(nodes) or _inplace(root, nodes[c]):
+            return False
         live = [n for n in nodes[:c] if last_use.get(n, -1) >= c]
         live += [p for p in placeholders if last_use.get(p, -1) >= c]
-        if len(live) == 1 and live[0].op != "placeholder":
-            valid.append(c)
-    return nodes, cands, valid
+        return len(live) == 1 and live[0].op != "placeholder"
+
+    valid = []
+    for k, (start, _) in enumerate(spans):
+        lo = spans[k - 1][1] + 1 if k else 1
+        valid += next(([c] for c in range(start, lo - 1, -1) if ok(c)), [])
+    end = spans[-1][1] + 1  # after the last: up to the next module call (a head) at the latest
+    stop = next((i for i in range(end, len(nodes)) if nodes[i].op == "call_module"), len(nodes) - 1)
+    valid += next(([c] for c in range(end, stop + 1) if ok(c)), [])
+    return nodes, cands, sorted(set(valid)), range(spans[0][0] + 1, spans[-1][0] + 1)
 
 
 def _within(n: fx.Node, path: str) -> bool:
@@ -174,37 +191,41 @@ def _merge_parameterless(bounds: list[int], blocks: list[fx.GraphModule]) -> tup
 
 
 def split_module(module: nn.Module, example: torch.Tensor, name: str) -> Split:
-    """Blocks of `module` for one input tensor `example` (see the module docstring): before the children
+    """Blocks of `module` for one input tensor `example` (see the module docstring): between the children
     of its most repeated container (`repeated_runs`), else between its top-level children.  A container
-    whose cuts leave fewer than three blocks (DenseNet's dense blocks: every cut inside is crossed by
-    the list of earlier outputs, so only the cut before the block holds) gives way to the next one, up
-    to `MOST_CANDIDATES`; the split with the most blocks is kept."""
+    none of whose cuts between its layers holds (DenseNet's dense blocks: every cut inside is crossed by
+    the list of earlier outputs, so only the cuts before and after the block hold) gives way to the next
+    one, up to `MOST_CANDIDATES`, and then to the top-level children; of those, the split with the most
+    blocks is kept."""
     children = [n for n, _ in module.named_children()]
     best: tuple[str, Split] | None = None
     first: tuple[str, Split] | None = None
     for path, run in repeated_runs(module)[:MOST_CANDIDATES]:
         split = _split_at(module, example, name, set(run))
         first = first or (path, split)
-        if best is None or len(split.blocks) > len(best[1].blocks):
+        if best is None or (split.between_layers > 0, len(split.blocks)) > (best[1].between_layers > 0,
+                                                                            len(best[1].blocks)):
             best = (path, split)
-        if len(split.blocks) >= 3:
+        if split.between_layers:
             break
     if first is None:
         return _split_at(module, example, name, set(children))
-    if len(best[1].blocks) > 1 or len(children) < 2:
+    why = first[1].why_whole or CROSSED
+    if best[1].between_layers or len(children) < 2:
         if best[0] == first[0]:  # also every split of one block: a later one replaces first only with more
             return best[1]
-        why = first[1].why_whole or f"only {len(first[1].blocks)} blocks there"
-        return Split(blocks=best[1].blocks, notes=best[1].notes + (
+        return Split(blocks=best[1].blocks, between_layers=best[1].between_layers, notes=best[1].notes + (
             f"{name}: cut between the children of {best[0]}, not between the layers of {first[0]} ({why})",))
-    # No container could be cut (nn.TransformerEncoder's forward is not traceable, ...): the top-level
-    # children may still be (embedding, encoder, head).
+    # No container's layers could be cut (nn.TransformerEncoder's forward is not traceable, a skip
+    # connection jumps over them ...): the top-level children may still be (embedding, encoder, head).
     top = _split_at(module, example, name, set(children))
-    if len(top.blocks) == 1:
+    if max(len(top.blocks), len(best[1].blocks)) == 1:
         return first[1]
-    return Split(blocks=top.blocks, notes=top.notes + (
-        f"{name}: cut between its top-level children only, not between the layers of {first[0]} "
-        f"({first[1].why_whole})",))
+    if len(top.blocks) >= len(best[1].blocks):
+        return Split(blocks=top.blocks, notes=top.notes + (
+            f"{name}: cut between its top-level children only, not between the layers of {first[0]} ({why})",))
+    return Split(blocks=best[1].blocks, notes=best[1].notes + (
+        f"{name}: cut before and after the layers of {best[0]} only, not between them ({why})",))
 
 
 def _split_at(module: nn.Module, example: torch.Tensor, name: str, leaves: set[str]) -> Split:
@@ -217,11 +238,9 @@ def _split_at(module: nn.Module, example: torch.Tensor, name: str, leaves: set[s
     _drop_guards(graph)
     if sum(n.op == "placeholder" for n in graph.nodes) != 1:
         return _fallback(whole, name, "its forward takes more than one input")
-    nodes, cands, valid = _valid_cuts(module, graph, leaves)
+    nodes, cands, valid, inner = _valid_cuts(module, graph, leaves)
     if not valid:
-        why = ("no repeated child blocks or children to cut between" if not cands else
-               "every cut between its child blocks is crossed by more than one value (a skip connection or "
-               "a second input jumps over it)")
+        why = "no repeated child blocks or children to cut between" if not cands else CROSSED
         return _fallback(whole, name, why)
     bounds = [0] + valid + [len(nodes)]
     tied, idle = False, []
@@ -250,7 +269,8 @@ def _split_at(module: nn.Module, example: torch.Tensor, name: str, leaves: set[s
     problem = _check_chain(module, segs, example)
     if problem:
         return _fallback(whole, name, problem)
-    return Split(blocks=tuple((_block_name(seg, k), seg) for k, seg in enumerate(segs)), notes=tuple(notes))
+    return Split(blocks=tuple((_block_name(seg, k), seg) for k, seg in enumerate(segs)), notes=tuple(notes),
+                 between_layers=sum(b in inner for b in bounds))
 
 
 def _drop_guards(graph: fx.Graph) -> None:

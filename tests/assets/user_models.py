@@ -278,3 +278,33 @@ def autoencoder():
         return x, x.clone()
 
     return UserModel(module=AutoEncoder(), make_batch=make, loss=nn.MSELoss())
+
+
+class PreNormLM(nn.Module):
+    """A decoder written as many users write one: the norm applied functionally in the model's own loop
+    before each layer call, a rotary-style table held as one buffer on the model, causal attention
+    through scaled_dot_product_attention and a residual add after the call."""
+
+    def __init__(self, vocab=40, d=16, t=6):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.register_buffer("rot", torch.outer(torch.arange(t).float(), torch.ones(d)).cos(), persistent=False)
+        self.layers = nn.ModuleList(nn.Linear(d, 3 * d) for _ in range(3))
+        self.out = nn.Linear(d, vocab)
+
+    def forward(self, ids):
+        h = self.tok(ids)
+        for layer in self.layers:
+            b, t, d = h.shape
+            q, k, v = layer(F.rms_norm(h, (d,)) * self.rot).view(b, t, 3, 2, d // 2).transpose(1, 3).unbind(2)
+            h = h + F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+        return self.out(F.rms_norm(h, (h.shape[-1],)))
+
+
+def prenorm_lm():
+    def make(n, seed):
+        ids = torch.randint(0, 40, (n, 7), generator=torch.Generator().manual_seed(seed))
+        return ids[:, :-1], ids[:, 1:]
+
+    return UserModel(module=PreNormLM(), make_batch=make,
+                     loss=lambda out, y: F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1)))

@@ -10,6 +10,7 @@ import pytest
 
 import strategies
 from hetsim.testing.contract import check_real_run_gradient, structural_cost
+from hetsim.workloads import workload_from_spec
 from strategies.pipeline import PipelinePlan
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
@@ -95,4 +96,20 @@ def test_encoder_and_decoder_stages_match_the_full_batch_gradient(tmp_path, monk
     cost = structural_cost(spec)
     plan = PipelinePlan(devices=(0, 1), boundaries=(0, 2, 3, 5, 6), schedule="Interleaved1F1B", microbatches=2,
                         batch=8)
+    check_real_run_gradient(strategies.get("pipeline"), plan, cost, spec, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule, boundaries", [("1F1B", (0, 2, 5)), ("ZBVZeroBubble", (0, 1, 2, 3, 5))])
+def test_layers_after_functional_work_are_stages_of_their_own(schedule, boundaries, tmp_path, monkeypatch):
+    """user_models:prenorm_lm normalises functionally before each layer call, so before 2026-12-06 no cut
+    between its layers held and it was two blocks; cut at the residual adds it is embedding | layer x3 |
+    head, and every stage's gradient equals the full-batch one."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ASSETS), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.syspath_prepend(str(ASSETS))
+    spec = "user_models:prenorm_lm"
+    assert workload_from_spec(spec, "adamw").block_names() == ["0_tok", "1_layers_0", "2_layers_1", "3_layers_2",
+                                                                "4_out"]
+    cost = structural_cost(spec)
+    plan = PipelinePlan(devices=(1, 0), boundaries=boundaries, schedule=schedule, microbatches=2, batch=8)
     check_real_run_gradient(strategies.get("pipeline"), plan, cost, spec, tmp_path)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from hetsim.errors import ConfigError, UnknownNameError
 from hetsim.workloads import load_workload, workload_from_spec
@@ -196,7 +197,8 @@ def test_a_cut_hands_on_the_value_that_crosses_it_not_the_last_one_computed():
 
 def test_layers_that_are_module_dicts_are_cut_before_their_first_call():
     """A ModuleList of ModuleDicts: a layer is never called itself, only its members; the cut goes
-    before the first call inside each layer (before: no anchor found, one block)."""
+    before the first call inside each layer (before: no anchor found, one block), and after the last
+    layer's residual add, so the head is a block of its own."""
     class Mixer(nn.Module):
         def __init__(self):
             super().__init__()
@@ -213,7 +215,8 @@ def test_layers_that_are_module_dicts_are_cut_before_their_first_call():
     net, x = Mixer(), torch.randn(2, 6)
     split = split_module(net, x, "mixer")
     calls = [[n.target for n in b.graph.nodes if n.op == "call_module"] for _, b in split.blocks]
-    assert calls[0] == ["embed"] and ["mix.1.n", "mix.1.f"] in calls and len(split.blocks) == 4
+    assert calls[0] == ["embed"] and ["mix.1.n", "mix.1.f"] in calls and calls[-1] == ["head"]
+    assert len(split.blocks) == 5
     assert torch.allclose(_chain(split, x), net(x))
 
 
@@ -252,7 +255,8 @@ def test_a_run_between_other_children_of_its_container_is_found_and_they_are_cut
 
 def test_layers_kept_in_a_module_dict_are_cut_between():
     """Layers in a ModuleDict (looped over by name) are a run like a ModuleList's (before: the
-    dict was not a container, and the four layers one block)."""
+    dict was not a container, and the four layers one block).  The cut after the last layer goes
+    after its residual add (before: the last layer and the head were one block)."""
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
@@ -269,15 +273,17 @@ def test_layers_kept_in_a_module_dict_are_cut_between():
 
     net, x = Net(), torch.randint(0, 30, (2, 5))
     split = split_module(net, x, "dict")
-    assert [n for n, _ in split.blocks] == ["0_emb", "1_layers_l0", "2_layers_l1", "3_layers_l2", "4_part4"]
+    assert [n for n, _ in split.blocks] == ["0_emb", "1_layers_l0", "2_layers_l1", "3_layers_l2", "4_layers_l3",
+                                            "5_head"]
     with torch.no_grad():
         assert torch.allclose(_chain(split, x), net(x), atol=1e-6)
 
 
-def test_a_run_that_leaves_two_blocks_gives_way_to_the_next_container():
+def test_a_run_none_of_whose_layers_can_be_cut_apart_gives_way_to_the_next_container():
     """DenseNet's shape: each dense block's layers read the list of all earlier outputs, so no cut
-    inside a block holds, only the one before it (two blocks).  The next container, the Sequential
-    holding the dense blocks and transitions, is cut instead (before: two blocks), and a note says so."""
+    inside a block holds, only those before and after it (three blocks, none between its layers).  The
+    next container, the Sequential holding the dense blocks and transitions, is cut instead, and a note
+    says so."""
     class Dense(nn.ModuleDict):
         def __init__(self, c, n):
             super().__init__({f"l{i}": nn.Conv2d(c + 2 * i, 2, 1) for i in range(n)})
@@ -442,3 +448,39 @@ def test_runs_as_long_as_the_longest_are_cut_too_and_nested_ones_are_not():
     with torch.no_grad():
         assert torch.allclose(wl.model()(x), own(x), atol=1e-6)
     assert torch.allclose(wl.loss_sum(wl.model()(x), y), nn.MSELoss()(own(x), y) * 4, atol=1e-5)
+
+
+class _Rotary(nn.Module):
+    """A user's transformer written as many are: a functional norm before each layer call, a rotary
+    table kept as one buffer on the model and sliced for every layer, a causal mask built from a
+    literal length, a residual add after the call."""
+
+    def __init__(self, d=8, t=5):
+        super().__init__()
+        self.emb = nn.Embedding(30, d)
+        ang = torch.outer(torch.arange(t).float(), torch.ones(d))
+        self.register_buffer("cos", ang.cos(), persistent=False)
+        self.layers = nn.ModuleList(nn.Linear(d, d) for _ in range(4))
+        self.head = nn.Linear(d, 3)
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        mask = torch.tril(torch.ones(5, 5))
+        for layer in self.layers:
+            r = F.layer_norm(h, h.shape[-1:]) * self.cos[:5]
+            h = h + torch.tanh(layer(mask @ r))
+        return self.head(h.mean(1))
+
+
+def test_functional_work_before_a_layer_and_tables_built_from_buffers_do_not_forbid_its_cuts():
+    """Before: the cut before each layer call was crossed by the residual and the normed input, so the
+    model ran as two blocks (the layers and the head).  Now each cut goes at the last point before the
+    call where one value is live; fx records the sliced buffer and the mask as constants, which every
+    block that reads them holds.  The chain computes what the module does."""
+    net, x = _Rotary(), torch.randint(0, 30, (2, 5))
+    split = split_module(net, x, "rotary")
+    assert [n for n, _ in split.blocks] == ["0_emb", "1_layers_0", "2_layers_1", "3_layers_2", "4_layers_3", "5_head"]
+    assert split.between_layers == 3 and not split.notes
+    assert all(any(n.op == "get_attr" for n in b.graph.nodes) for _, b in split.blocks[1:5])
+    with torch.no_grad():
+        assert torch.allclose(_chain(split, x), net(x), atol=1e-6)
