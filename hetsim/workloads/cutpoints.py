@@ -234,7 +234,10 @@ def _split_at(module: nn.Module, example: torch.Tensor, name: str, leaves: set[s
     try:
         graph = _Tracer(leaves).trace(module, concrete_args=_defaults(module))
     except Exception as e:  # any Python fx cannot follow (data-dependent control flow, *args)
-        return _fallback(whole, name, f"torch.fx cannot trace its forward ({type(e).__name__}: {_short(e)})")
+        hf = type(module).__module__.startswith("transformers.")
+        return _fallback(whole, name, f"torch.fx cannot trace its forward ({type(e).__name__}: {_short(e)})",
+                         FIX + ("; a Hugging Face model is cut into its layers by --model hf:NAME?layers=N&hidden=N "
+                                "(README, Models)" if hf else ""))
     _drop_guards(graph)
     if sum(n.op == "placeholder" for n in graph.nodes) != 1:
         return _fallback(whole, name, "its forward takes more than one input")

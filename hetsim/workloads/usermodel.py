@@ -90,7 +90,10 @@ def user_workload(spec: str, fn: Callable[[], object], first: UserModel) -> Work
     x, _ = make(2, 0)
     split = split_module(first.module, x, name)
     with torch.no_grad():
-        packing = _Packing.of(spec, first.module(x))
+        out = first.module(x)
+        packing = _Packing.of(spec, out)
+        if packing is not None and packing.dropped:
+            _check_dropped(spec, packing, out, make(2, 0)[1], mean_loss)
 
     def loss_sum(out, y: torch.Tensor) -> torch.Tensor:
         if packing is not None:
@@ -118,11 +121,17 @@ class _Packing(nn.Module):
     """A module's output that is not one tensor (a dict of logits, a tuple with an auxiliary output), as
     one: every executor, profile and pipeline stage hands on one tensor, so the last block ends by
     packing the output's tensors, each flattened per sample, side by side (`forward`), and the loss
-    unpacks them into the user's structure (`unpack`) before the user's loss sees it."""
+    unpacks them into the user's structure (`unpack`) before the user's loss sees it.  Entries that are
+    not tensors (None, a Hugging Face model's key-value cache) are dropped: the loss sees None there."""
 
-    def __init__(self, spec: Any, shapes: list[torch.Size], dtypes: list[torch.dtype]):
+    def __init__(self, spec: Any, shapes: list[torch.Size | None], dtypes: list[torch.dtype | None]):
         super().__init__()
         self.spec, self.shapes, self.dtypes = spec, shapes, dtypes
+
+    @property
+    def dropped(self) -> list[int]:
+        """Positions of the output's leaves that are not tensors."""
+        return [i for i, s in enumerate(self.shapes) if s is None]
 
     @staticmethod
     def of(model_spec: str, out: object) -> _Packing | None:
@@ -130,25 +139,45 @@ class _Packing(nn.Module):
         if isinstance(out, torch.Tensor):
             return None
         leaves, spec = tree_flatten(out)
-        n = next((t.shape[0] for t in leaves if isinstance(t, torch.Tensor) and t.dim() > 0), None)
-        bad = [t for t in leaves if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] != n]
-        if bad or not leaves:
-            what = type(bad[0]).__name__ if bad and not isinstance(bad[0], torch.Tensor) else \
-                f"a tensor of shape {tuple(bad[0].shape)}" if bad else "no tensor"
+        tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+        n = next((t.shape[0] for t in tensors if t.dim() > 0), None)
+        bad = [t for t in tensors if t.dim() == 0 or t.shape[0] != n]
+        if bad or not tensors:
+            what = f"a tensor of shape {tuple(bad[0].shape)}" if bad else "no tensor"
             raise ConfigError(f"--model {model_spec!r}: the module's output holds {what}, not a tensor per "
                               "sample; return tensors with the batch along dimension 0 (compute scalars in the loss)")
-        return _Packing(spec, [t.shape[1:] for t in leaves], [t.dtype for t in leaves])
+        return _Packing(spec, [t.shape[1:] if isinstance(t, torch.Tensor) else None for t in leaves],
+                        [t.dtype if isinstance(t, torch.Tensor) else None for t in leaves])
 
     def forward(self, out: object) -> torch.Tensor:
         leaves = tree_flatten(out)[0]
-        return torch.cat([t.reshape(t.shape[0], -1).float() for t in leaves], dim=1)
+        return torch.cat([t.reshape(t.shape[0], -1).float() for t in leaves if isinstance(t, torch.Tensor)], dim=1)
 
     def unpack(self, packed: torch.Tensor) -> object:
-        sizes = [int(math.prod(s)) for s in self.shapes]
-        parts = torch.split(packed, sizes, dim=1)
-        leaves = [p.reshape(packed.shape[0], *s) if d.is_floating_point else p.reshape(packed.shape[0], *s).to(d)
-                  for p, s, d in zip(parts, self.shapes, self.dtypes)]
+        kept = [(s, d) for s, d in zip(self.shapes, self.dtypes, strict=True) if s is not None]
+        parts = iter(torch.split(packed, [int(math.prod(s)) for s, _ in kept], dim=1))
+        leaves = []
+        for s, d in zip(self.shapes, self.dtypes, strict=True):
+            if s is None:
+                leaves.append(None)
+                continue
+            p = next(parts).reshape(packed.shape[0], *s)
+            leaves.append(p if d.is_floating_point else p.to(d))
         return tree_unflatten(leaves, self.spec)
+
+
+def _check_dropped(spec: str, packing: _Packing, out: object, y: torch.Tensor, mean_loss) -> None:
+    """The loss gives the same value on the output with its non-tensor entries dropped, or a ConfigError."""
+    leaves = tree_flatten(out)[0]
+    what = ", ".join(sorted({type(leaves[i]).__name__ for i in packing.dropped}))
+    try:
+        same = torch.allclose(mean_loss(packing.unpack(packing(out)), y), mean_loss(out, y), rtol=1e-4, atol=1e-6)
+    except Exception:
+        same = False
+    if not same:
+        raise ConfigError(f"--model {spec!r}: the loss reads the module output's {what}, which hetsim drops (only "
+                          "tensors with the batch along dimension 0 pass between pipeline stages); return tensors "
+                          "per sample and compute the rest in the loss")
 
 
 def _check(spec: str, module: nn.Module, make: Callable[[int, int], Batch], mean_loss) -> None:

@@ -308,3 +308,32 @@ def prenorm_lm():
 
     return UserModel(module=PreNormLM(), make_batch=make,
                      loss=lambda out, y: F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1)))
+
+
+def with_cache(reads_cache: bool = False):
+    """A module returning a dict with its logits, None for a loss it was not asked for, and a count (as a
+    Hugging Face causal LM returns a key-value cache object beside its logits): the entries that are not
+    tensors are dropped between stages; a loss that reads them is refused."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(12, 12) for _ in range(3))
+            self.head = nn.Linear(12, 4)
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = torch.relu(layer(x))
+            return {"logits": self.head(x), "loss": None, "past": len(self.layers)}
+
+    def make(n, seed):
+        g = torch.Generator().manual_seed(seed)
+        return torch.randn(n, 12, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+    def loss(out, y):
+        return F.cross_entropy(out["logits"], y) + (0.0 if not reads_cache else out["past"])
+
+    return UserModel(module=Net(), make_batch=make, loss=loss)
+
+
+def cache_read():
+    return with_cache(reads_cache=True)

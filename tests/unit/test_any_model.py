@@ -371,6 +371,26 @@ def test_an_output_that_is_not_one_tensor_is_packed_for_the_executors_and_unpack
     assert torch.allclose(wl.loss_sum(h, y), own.loss(own.module(x), y) * 5)
 
 
+def test_entries_of_an_output_that_are_not_tensors_are_dropped_and_a_loss_reading_them_is_refused():
+    """Before: a None or a cache object in the output (a Hugging Face causal LM's) stopped the model with
+    'the output holds NoneType'.  Now the last block packs the tensors only, the loss sees None in their
+    place and gives what it gives on the module's own output; a loss that reads a dropped entry is one
+    ConfigError naming it."""
+    wl = load_workload("user_models:with_cache")
+    x, y = wl.make_batch(5, 3)
+    from user_models import with_cache
+
+    torch.manual_seed(0)
+    own = with_cache()
+    h = x
+    for _, block in wl.model().named_children():
+        h = block(h)
+    assert isinstance(h, torch.Tensor) and h.shape == (5, 4) and len(wl.block_names()) == 4
+    assert torch.allclose(wl.loss_sum(h, y), own.loss(own.module(x), y) * 5)
+    with pytest.raises(ConfigError, match=r"user_models:cache_read.*reads the module output's NoneType, int"):
+        load_workload("user_models:cache_read")
+
+
 def test_an_output_holding_a_scalar_is_refused_with_the_fix():
     with pytest.raises(ConfigError, match=r"user_models:scalar_out.*shape \(\).*batch along dimension 0"):
         load_workload("user_models:scalar_out")
