@@ -358,17 +358,23 @@ def test_an_output_that_is_not_one_tensor_is_packed_for_the_executors_and_unpack
     """two_heads returns a dict: its last block ends by packing the dict's tensors into one (what every
     executor and pipeline stage hands on), and the loss unpacks it, so the chain's loss equals the
     module's own."""
-    wl = load_workload("user_models:two_heads")
+    wl, h, same_loss = _chain_and_loss("two_heads")
+    assert isinstance(h, torch.Tensor) and h.shape == (5, 4 + 2) and same_loss
+
+
+def _chain_and_loss(fn: str):
+    """user_models' `fn` as a workload, its blocks' chain run on a batch of 5, and whether the
+    workload's loss on it equals the user's loss on the module's own output."""
+    import user_models
+
+    wl = load_workload(f"user_models:{fn}")
     x, y = wl.make_batch(5, 3)
     torch.manual_seed(0)
-    from user_models import two_heads
-
-    own = two_heads()
+    own = getattr(user_models, fn)()
     h = x
     for _, block in wl.model().named_children():
         h = block(h)
-    assert isinstance(h, torch.Tensor) and h.shape == (5, 4 + 2)
-    assert torch.allclose(wl.loss_sum(h, y), own.loss(own.module(x), y) * 5)
+    return wl, h, bool(torch.allclose(wl.loss_sum(h, y), own.loss(own.module(x), y) * 5))
 
 
 def test_entries_of_an_output_that_are_not_tensors_are_dropped_and_a_loss_reading_them_is_refused():
@@ -376,17 +382,8 @@ def test_entries_of_an_output_that_are_not_tensors_are_dropped_and_a_loss_readin
     'the output holds NoneType'.  Now the last block packs the tensors only, the loss sees None in their
     place and gives what it gives on the module's own output; a loss that reads a dropped entry is one
     ConfigError naming it."""
-    wl = load_workload("user_models:with_cache")
-    x, y = wl.make_batch(5, 3)
-    from user_models import with_cache
-
-    torch.manual_seed(0)
-    own = with_cache()
-    h = x
-    for _, block in wl.model().named_children():
-        h = block(h)
-    assert isinstance(h, torch.Tensor) and h.shape == (5, 4) and len(wl.block_names()) == 4
-    assert torch.allclose(wl.loss_sum(h, y), own.loss(own.module(x), y) * 5)
+    wl, h, same_loss = _chain_and_loss("with_cache")
+    assert isinstance(h, torch.Tensor) and h.shape == (5, 4) and len(wl.block_names()) == 4 and same_loss
     with pytest.raises(ConfigError, match=r"user_models:cache_read.*reads the module output's NoneType, int"):
         load_workload("user_models:cache_read")
 
