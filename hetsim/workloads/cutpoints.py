@@ -19,6 +19,7 @@ why.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from dataclasses import dataclass
 
@@ -103,15 +104,18 @@ def _valid_cuts(root: nn.Module, graph: fx.Graph, anchors: set[str]
     for n in graph.nodes:
         for user in n.users:
             last_use[n] = max(last_use.get(n, -1), pos.get(user, len(nodes)))
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    # live[c]: compute nodes before position c used at or after it (each live over i+1..last use)
+    starts = [0] * (len(nodes) + 2)
+    for i, n in enumerate(nodes):
+        if last_use.get(n, -1) > i:
+            starts[i + 1] += 1
+            starts[last_use[n] + 1] -= 1
+    live = list(itertools.accumulate(starts))
+    input_live = max((last_use.get(n, -1) for n in graph.nodes if n.op == "placeholder"), default=-1)
 
     def ok(c: int) -> bool:
         # A stage may not start with an in-place op (autograd refuses to modify its input leaf in place).
-        if not 0 < c < len(nodes) or _inplace(root, nodes[c]):
-            return False
-        live = [n for n in nodes[:c] if last_use.get(n, -1) >= c]
-        live += [p for p in placeholders if last_use.get(p, -1) >= c]
-        return len(live) == 1 and live[0].op != "placeholder"
+        return 0 < c < len(nodes) and not _inplace(root, nodes[c]) and live[c] == 1 and input_live < c
 
     valid = []
     for k, (start, _) in enumerate(spans):
