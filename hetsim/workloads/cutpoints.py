@@ -19,12 +19,18 @@ why.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
+import math
+import operator
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 from torch import fx, nn
+from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -39,6 +45,8 @@ class Split:
 
 MOST_CANDIDATES = 8
 """Containers tried, most repeated first, before the top-level children."""
+MOST_PACKED = 4
+"""Most values a cut hands on packed into one tensor."""
 CROSSED = ("every cut between its child blocks is crossed by more than one value (a skip connection or a second "
            "input jumps over it)")
 
@@ -86,19 +94,22 @@ class _Tracer(fx.Tracer):
         return super().is_leaf_module(m, qualname)
 
 
-def _valid_cuts(root: nn.Module, graph: fx.Graph, anchors: set[str]
-                ) -> tuple[list[fx.Node], list[int], list[int], range]:
+def _valid_cuts(root: nn.Module, graph: fx.Graph, anchors: set[str], batched: Callable[[], set[fx.Node]]
+                ) -> tuple[list[fx.Node], list[int], list[int], range, dict[int, tuple[fx.Node, ...]]]:
     """The graph's compute nodes, candidate cut positions (before each anchor call, after the last
-    one), the valid cuts, and the positions between the anchors' first and last call.  A valid cut is
-    where exactly one value (not a parameter or constant read) is live: in the stretch between one
-    anchor's calls and the next anchor's first call the last such position, so that functional work
+    one), the valid cuts, the positions between the anchors' first and last call, and the values
+    packed across each cut that hands on more than one.  A cut may go where one value (not a parameter
+    or constant read) is live, or, when no cut between two layers holds so, up to `MOST_PACKED` values
+    that `batched()` says are float or bool tensors with the batch first (a padding mask beside the
+    hidden state), fewest first: in the stretch between
+    one anchor's calls and the next anchor's first call the last such position, so that functional work
     before a layer call (`x + layer(F.layer_norm(x, ...))`) does not forbid the cut; after the last
     anchor the first one (after its residual add), up to the next module call."""
     nodes = [n for n in graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
     pos = {n: i for i, n in enumerate(nodes)}
     spans = sorted((min(idx), max(idx)) for a in anchors if (idx := [i for i, n in enumerate(nodes) if _within(n, a)]))
     if not spans:
-        return nodes, [], [], range(0)
+        return nodes, [], [], range(0), {}
     cands = sorted({s for s, _ in spans if s > 0} | {spans[-1][1] + 1})
     last_use = {}
     for n in graph.nodes:
@@ -113,18 +124,64 @@ def _valid_cuts(root: nn.Module, graph: fx.Graph, anchors: set[str]
     live = list(itertools.accumulate(starts))
     input_live = max((last_use.get(n, -1) for n in graph.nodes if n.op == "placeholder"), default=-1)
 
-    def ok(c: int) -> bool:
-        # A stage may not start with an in-place op (autograd refuses to modify its input leaf in place).
-        return 0 < c < len(nodes) and not _inplace(root, nodes[c]) and live[c] == 1 and input_live < c
+    def crossing(c: int, most: int) -> tuple[fx.Node, ...] | None:
+        """What a cut at c hands on (() for the one live value), or None where no cut may go.  A stage may
+        not start with an in-place op (autograd refuses to modify its input leaf in place)."""
+        if not (0 < c < len(nodes) and 1 <= live[c] <= most and input_live < c) or _inplace(root, nodes[c]):
+            return None
+        if live[c] == 1:
+            return ()
+        vals = tuple(n for n in nodes[:c] if last_use.get(n, -1) >= c)
+        return vals if set(vals) <= batched() else None
 
-    valid = []
-    for k, (start, _) in enumerate(spans):
-        lo = spans[k - 1][1] + 1 if k else 1
-        valid += next(([c] for c in range(start, lo - 1, -1) if ok(c)), [])
-    end = spans[-1][1] + 1  # after the last: up to the next module call (a head) at the latest
-    stop = next((i for i in range(end, len(nodes)) if nodes[i].op == "call_module"), len(nodes) - 1)
-    valid += next(([c] for c in range(end, stop + 1) if ok(c)), [])
-    return nodes, cands, sorted(set(valid)), range(spans[0][0] + 1, spans[-1][0] + 1)
+    def cuts(most: int) -> list[int]:
+        def pick(positions: Iterable[int], later_first: bool) -> list[int]:
+            ok = [c for c in positions if crossing(c, most) is not None]
+            return [min(ok, key=lambda c: (live[c], -c if later_first else c))] if ok else []
+
+        out = []
+        for k, (start, _) in enumerate(spans):
+            out += pick(range(spans[k - 1][1] + 1 if k else 1, start + 1), later_first=True)
+        end = spans[-1][1] + 1  # after the last: up to the next module call (a head) at the latest
+        stop = next((i for i in range(end, len(nodes)) if nodes[i].op == "call_module"), len(nodes) - 1)
+        return sorted(set(out + pick(range(end, stop + 1), later_first=False)))
+
+    inner = range(spans[0][0] + 1, spans[-1][0] + 1)
+    valid = cuts(1)
+    if not any(c in inner for c in valid):  # packed values only where no layer can be cut from the next otherwise
+        valid = cuts(MOST_PACKED)
+    return nodes, cands, valid, inner, {c: vals for c in valid if (vals := crossing(c, MOST_PACKED))}
+
+
+def _batched_values(module: nn.Module, graph: fx.Graph, example: torch.Tensor) -> set[fx.Node]:
+    """Nodes whose value, run on `example` with one more sample, is a float or bool tensor with the batch
+    along dimension 0 (module state restored after)."""
+    x = torch.cat([example, example[:1]])
+    with _buffers_restored(module), torch.no_grad(), torch.random.fork_rng():
+        ShapeProp(fx.GraphModule(module, graph)).propagate(x)
+    out = set()
+    for n in graph.nodes:
+        meta = n.meta.get("tensor_meta")
+        if (isinstance(meta, TensorMetadata) and len(meta.shape) > 0 and meta.shape[0] == x.shape[0]
+                and (meta.dtype.is_floating_point or meta.dtype == torch.bool)):
+            out.add(n)
+    return out
+
+
+@fx.wrap
+def pack_values(*values: torch.Tensor) -> torch.Tensor:
+    """Values that cross one cut, as one tensor: each flattened per sample, side by side, in the first
+    floating dtype among them (bool masks become 0/1)."""
+    dtype = next((v.dtype for v in values if v.is_floating_point()), torch.float32)
+    return torch.cat([v.reshape(v.shape[0], -1).to(dtype) for v in values], dim=1)
+
+
+@fx.wrap
+def unpack_values(packed: torch.Tensor, shapes: tuple[tuple[int, ...], ...], bools: tuple[bool, ...]):
+    """`pack_values` undone: the values' per-sample shapes, bool ones made bool again."""
+    parts = torch.split(packed, [math.prod(s) for s in shapes], dim=1)
+    return tuple(p.reshape(packed.shape[0], *s) != 0 if b else p.reshape(packed.shape[0], *s)
+                 for p, s, b in zip(parts, shapes, bools, strict=True))
 
 
 def _within(n: fx.Node, path: str) -> bool:
@@ -138,20 +195,30 @@ def _inplace(root: nn.Module, node: fx.Node) -> bool:
     return node.op == "call_method" and str(node.target).endswith("_") or bool(node.kwargs.get("inplace"))
 
 
-def _segment(root: nn.Module, graph: fx.Graph, nodes: list[fx.Node], lo: int, hi: int) -> fx.GraphModule:
-    """Nodes[lo:hi] as a module of one input (the value flowing in) and one output."""
+def _segment(root: nn.Module, graph: fx.Graph, nodes: list[fx.Node], lo: int, hi: int,
+             packed: dict[int, tuple[fx.Node, ...]]) -> fx.GraphModule:
+    """Nodes[lo:hi] as a module of one input (the value flowing in, or the values `packed` at lo) and one
+    output (likewise at hi)."""
     seg = set(nodes[lo:hi])
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
-    inputs = [a for n in nodes[lo:hi] for a in n.all_input_nodes if a not in seg and a.op != "get_attr"]
     x = g.placeholder("x")
-    for a in inputs:
-        env[a] = x
+    if lo in packed:
+        metas = [v.meta["tensor_meta"] for v in packed[lo]]
+        parts = g.call_function(unpack_values, (x, tuple(tuple(m.shape[1:]) for m in metas),
+                                                tuple(m.dtype == torch.bool for m in metas)))
+        for k, v in enumerate(packed[lo]):
+            env[v] = g.call_function(operator.getitem, (parts, k))
+    for a in (a for n in nodes[lo:hi] for a in n.all_input_nodes if a not in seg and a.op != "get_attr"):
+        env.setdefault(a, x)
     for n in nodes[lo:hi]:
         for a in n.all_input_nodes:
             if a.op == "get_attr" and a not in env:
                 env[a] = g.node_copy(a, lambda m: env[m])
         env[n] = g.node_copy(n, lambda m: env[m])
+    if hi in packed:
+        g.output(g.call_function(pack_values, tuple(env[v] for v in packed[hi])))
+        return fx.GraphModule(root, g)
     if hi < len(nodes):  # the one value that crosses the cut (not an unused value such as an LSTM's (h, c))
         out = next((n for n in reversed(nodes[lo:hi]) if any(u not in seg for u in n.users)), nodes[hi - 1])
     else:
@@ -199,21 +266,16 @@ def split_module(module: nn.Module, example: torch.Tensor, name: str) -> Split:
     of its most repeated container (`repeated_runs`), else between its top-level children.  A container
     none of whose cuts between its layers holds (DenseNet's dense blocks: every cut inside is crossed by
     the list of earlier outputs, so only the cuts before and after the block hold) gives way to the next
-    one, up to `MOST_CANDIDATES`, and then to the top-level children; of those, the split with the most
-    blocks is kept."""
+    one, up to `MOST_CANDIDATES`; when none can be cut between its layers, the containers are tried again
+    with several values packed across a cut, and then the top-level children; of those, the split with
+    the most blocks is kept."""
     children = [n for n, _ in module.named_children()]
-    best: tuple[str, Split] | None = None
-    first: tuple[str, Split] | None = None
-    for path, run in repeated_runs(module)[:MOST_CANDIDATES]:
-        split = _split_at(module, example, name, set(run))
-        first = first or (path, split)
-        if best is None or (split.between_layers > 0, len(split.blocks)) > (best[1].between_layers > 0,
-                                                                            len(best[1].blocks)):
-            best = (path, split)
-        if split.between_layers:
-            break
+    first, best = _containers(module, example, name, pack=False)
     if first is None:
         return _split_at(module, example, name, set(children))
+    if not best[1].between_layers:  # values packed across the cuts (a mask beside the hidden state)
+        _, packed = _containers(module, example, name, pack=True)
+        best = packed if packed[1].between_layers else best
     why = first[1].why_whole or CROSSED
     if best[1].between_layers or len(children) < 2:
         if best[0] == first[0]:  # also every split of one block: a later one replaces first only with more
@@ -232,8 +294,26 @@ def split_module(module: nn.Module, example: torch.Tensor, name: str) -> Split:
         f"{name}: cut before and after the layers of {best[0]} only, not between them ({why})",))
 
 
-def _split_at(module: nn.Module, example: torch.Tensor, name: str, leaves: set[str]) -> Split:
-    """`module` cut before each call of the modules `leaves` (kept whole) and after the last one."""
+def _containers(module: nn.Module, example: torch.Tensor, name: str, pack: bool
+                ) -> tuple[tuple[str, Split] | None, tuple[str, Split] | None]:
+    """(the most repeated container and its split, the container whose split is kept): the first whose
+    split cuts between its layers, else the one with the most blocks."""
+    best: tuple[str, Split] | None = None
+    first: tuple[str, Split] | None = None
+    for path, run in repeated_runs(module)[:MOST_CANDIDATES]:
+        split = _split_at(module, example, name, set(run), pack)
+        first = first or (path, split)
+        if best is None or (split.between_layers > 0, len(split.blocks)) > (best[1].between_layers > 0,
+                                                                            len(best[1].blocks)):
+            best = (path, split)
+        if split.between_layers:
+            break
+    return first, best
+
+
+def _split_at(module: nn.Module, example: torch.Tensor, name: str, leaves: set[str], pack: bool = False) -> Split:
+    """`module` cut before each call of the modules `leaves` (kept whole) and after the last one; with
+    `pack`, also where several values that pack into one tensor cross (`_valid_cuts`)."""
     whole = Split(blocks=((name, module),))
     try:
         graph = _Tracer(leaves).trace(module, concrete_args=_defaults(module))
@@ -245,14 +325,15 @@ def _split_at(module: nn.Module, example: torch.Tensor, name: str, leaves: set[s
     _drop_guards(graph)
     if sum(n.op == "placeholder" for n in graph.nodes) != 1:
         return _fallback(whole, name, "its forward takes more than one input")
-    nodes, cands, valid, inner = _valid_cuts(module, graph, leaves)
+    batched = functools.cache(lambda: _batched_values(module, graph, example) if pack else set())
+    nodes, cands, valid, inner, packed = _valid_cuts(module, graph, leaves, batched)
     if not valid:
         why = "no repeated child blocks or children to cut between" if not cands else CROSSED
         return _fallback(whole, name, why)
     bounds = [0] + valid + [len(nodes)]
     tied, idle = False, []
     for _ in range(len(bounds)):  # merging can make new shared parameters adjacent: repeat until stable
-        segs = [_segment(module, graph, nodes, a, b) for a, b in zip(bounds, bounds[1:])]
+        segs = [_segment(module, graph, nodes, a, b, packed) for a, b in zip(bounds, bounds[1:])]
         merged = _merge_tied(bounds, segs)
         tied = tied or merged != bounds
         if merged == bounds:
@@ -270,6 +351,10 @@ def _split_at(module: nn.Module, example: torch.Tensor, name: str, leaves: set[s
                                       "projection its own weight)")
     if tied:
         notes.append(f"{name}: blocks sharing parameters (tied weights) were kept on one stage")
+    if any(b in packed for b in bounds):
+        most = max(len(packed.get(b, ())) for b in bounds)
+        notes.append(f"{name}: {sum(b in packed for b in bounds)} cuts hand on up to {most} values packed into one "
+                     "tensor (a mask or a second stream beside the hidden state)")
     if idle:
         notes.append(f"{name}: {'; '.join(idle)}: no trainable parameters, so joined to the neighbouring block (a "
                      "pipeline stage of that alone would have nothing to train)")
@@ -327,9 +412,15 @@ def _ops(seg: fx.GraphModule, most: int = 3) -> str:
 def _check_chain(module: nn.Module, segs: list[fx.GraphModule], example: torch.Tensor) -> str | None:
     """None when the chain computes what the module does, else why not.  Both run in training mode
     from one random state (dropout draws alike); buffers (BatchNorm statistics) are restored after."""
+    with _buffers_restored(module):
+        return _compare(module, segs, example)
+
+
+@contextlib.contextmanager
+def _buffers_restored(module: nn.Module):
     saved = [(b, b.detach().clone()) for b in module.buffers()]
     try:
-        return _compare(module, segs, example)
+        yield
     finally:
         with torch.no_grad():
             for b, v in saved:

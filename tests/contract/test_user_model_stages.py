@@ -113,3 +113,18 @@ def test_layers_after_functional_work_are_stages_of_their_own(schedule, boundari
     cost = structural_cost(spec)
     plan = PipelinePlan(devices=(1, 0), boundaries=boundaries, schedule=schedule, microbatches=2, batch=8)
     check_real_run_gradient(strategies.get("pipeline"), plan, cost, spec, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule, boundaries", [("1F1B", (0, 2, 5)), ("ZBVZeroBubble", (0, 1, 2, 3, 5))])
+def test_stages_handing_on_a_packed_mask_match_the_full_batch_gradient(schedule, boundaries, tmp_path, monkeypatch):
+    """user_models:masked_encoder hands its padding mask to every layer beside the hidden state: each cut
+    between its layers sends the two packed into one tensor, and every stage's gradient equals the
+    full-batch one."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ASSETS), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.syspath_prepend(str(ASSETS))
+    spec = "user_models:masked_encoder"
+    assert len(workload_from_spec(spec, "adamw").block_names()) == 5
+    cost = structural_cost(spec)
+    plan = PipelinePlan(devices=(1, 0), boundaries=boundaries, schedule=schedule, microbatches=2, batch=8)
+    check_real_run_gradient(strategies.get("pipeline"), plan, cost, spec, tmp_path)

@@ -501,3 +501,39 @@ def test_functional_work_before_a_layer_and_tables_built_from_buffers_do_not_for
     assert all(any(n.op == "get_attr" for n in b.graph.nodes) for _, b in split.blocks[1:5])
     with torch.no_grad():
         assert torch.allclose(_chain(split, x), net(x), atol=1e-6)
+
+
+def test_a_mask_beside_the_hidden_state_is_packed_across_the_cuts_and_an_integer_one_is_not():
+    """A padding mask built from the ids crosses every cut between the layers with the hidden state.
+    Before: no cut held and the model was cut between its top-level children (two blocks).  Now the
+    two values cross each cut packed into one tensor (the bool mask as 0/1) and unpacked by the next
+    block; an integer value crossing (positions) is not packed (a float carries large integers
+    inexactly), so that model keeps the old split, with its note."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "assets"))
+    from user_models import masked_encoder
+
+    um = masked_encoder()
+    x, _ = um.make_batch(3, 0)
+    split = split_module(um.module, x, "masked")
+    assert [n for n, _ in split.blocks] == ["0_tok", "1_layers_0", "2_layers_1", "3_layers_2", "4_head"]
+    assert "packed into one tensor" in split.notes[-1]
+    assert split.blocks[1][1](split.blocks[0][1](x)).shape == (3, 6 * 8 + 6)
+    with torch.no_grad():
+        assert torch.allclose(_chain(split, x), um.module(x), atol=1e-6)
+
+    class Positions(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok = nn.Embedding(30, 8)
+            self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+            self.head = nn.Linear(8, 2)
+
+        def forward(self, ids):
+            pos = ids % 5
+            h = self.tok(ids)
+            for layer in self.layers:
+                h = h + layer(h) * pos.unsqueeze(-1)
+            return self.head(h.mean(1))
+
+    split = split_module(Positions(), x, "positions")
+    assert len(split.blocks) <= 2 and "more than one value" in split.notes[-1]
