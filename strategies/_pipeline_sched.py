@@ -258,7 +258,7 @@ def add_pipeline(g: TaskGraph, cost: CostModel, devices: Sequence[int], boundari
     f"dev{d}", activation and gradient transfers as tasks on directed link resources.  `alone`: the
     whole plan is this one rank, which has no peer to send to, receive from or wait on, and carries no
     calibrated per-action term (that term is measured on pipelines across the cluster: a one-device
-    GPipe m=2 of a 4-layer encoder, 2026-12-06, was predicted 29 % slow with it, 1.4 % without)."""
+    GPipe m=2 of a 4-layer encoder, 2026-12-06, was predicted 29.2 % slow with it, 1.3 % without)."""
     n_ranks = len(devices)
     n_stages = len(boundaries) - 1
     v = n_stages // n_ranks

@@ -329,7 +329,7 @@ def test_pipeline_calibration_takes_every_run_in_turn(monkeypatch, tmp_path):
 def test_a_pipeline_on_one_device_carries_no_action_term():
     """A plan whose every stage is on one device has no peer to send to or wait on: the term measured on
     pipelines across the cluster is not added (a one-device GPipe m=2 of a 4-layer encoder was predicted
-    29 % slow with it, 1.4 % without).  A two-device plan still carries it."""
+    29.2 % slow with it, 1.3 % without).  A two-device plan still carries it."""
     cost = synthetic_cost([1.0, 0.5], [1e-3] * 4)
     with_term = _with_action_s(cost, 0.01)
     alone = PIPE.solve(cost, (0,), schedule="GPipe", microbatches=2, batch=16)
