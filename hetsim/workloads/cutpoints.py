@@ -101,10 +101,10 @@ def _valid_cuts(root: nn.Module, graph: fx.Graph, anchors: set[str], batched: Ca
     packed across each cut that hands on more than one.  A cut may go where one value (not a parameter
     or constant read) is live, or, when no cut between two layers holds so, up to `MOST_PACKED` values
     that `batched()` says are float or bool tensors with the batch first (a padding mask beside the
-    hidden state), fewest first: in the stretch between
-    one anchor's calls and the next anchor's first call the last such position, so that functional work
-    before a layer call (`x + layer(F.layer_norm(x, ...))`) does not forbid the cut; after the last
-    anchor the first one (after its residual add), up to the next module call."""
+    hidden state), fewest first.  In the stretch between one anchor's calls and the next anchor's first
+    call it goes at the last such position, so that functional work before a layer call
+    (`x + layer(F.layer_norm(x, ...))`) does not forbid the cut; after the last anchor at the first one
+    (after its residual add), up to the next module call."""
     nodes = [n for n in graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
     pos = {n: i for i, n in enumerate(nodes)}
     spans = sorted((min(idx), max(idx)) for a in anchors if (idx := [i for i, n in enumerate(nodes) if _within(n, a)]))
