@@ -4,17 +4,18 @@ The rule: trace the module's forward with torch.fx, keeping as single calls the 
 hold parameters) of the container whose children repeat one class most often (a ModuleList,
 nn.Sequential or ModuleDict of layers; any other container as repeated, such as a decoder beside its
 encoder; the next container when none of the cuts between that one's layers holds; else the
-top-level children).  A cut goes between each such block and the next, at the last point before the next one's
-call (the first call inside it for a ModuleDict layer) where exactly one value flows across (a
-residual or a second input that jumps over every such point forbids it; functional work before the
-call, such as a norm, does not), and after the last one at the first such point.  Blocks that share a
-parameter (tied weights) are merged, with everything between them, so tied parameters stay on one
-stage.  A block with no trainable parameters joins its neighbour (a stage of it alone
-would have nothing to train).  The chain is checked against the module's own output on an example batch.  A run that
-cannot be cut so (inside a torch.nn module whose forward fx cannot trace, such as
-nn.TransformerEncoder) leaves the top-level children to cut between; whatever cannot be split
-either way runs as one block (data parallel and ZeRO only), with a note saying which module and
-why.
+top-level children).  A cut goes between each such block and the next, at the last point before the
+next one's call (the first call inside it for a ModuleDict layer) where exactly one value flows
+across (a residual or a second input that jumps over every such point forbids it; functional work
+before the call, such as a norm, does not), and after the last one at the first such point; where no
+cut between two layers holds so, up to four float or bool values with the batch first cross a cut
+packed into one tensor (a padding mask beside the hidden state).  Blocks that share a parameter (tied
+weights) are merged, with everything between them, so tied parameters stay on one stage.  A block
+with no trainable parameters joins its neighbour (a stage of it alone would have nothing to train).
+The chain is checked against the module's own output on an example batch.  A run that cannot be cut
+so (inside a torch.nn module whose forward fx cannot trace, such as nn.TransformerEncoder) leaves the
+top-level children to cut between; whatever cannot be split either way runs as one block (data
+parallel and ZeRO only), with a note saying which module and why.
 """
 
 from __future__ import annotations
