@@ -96,10 +96,9 @@ class _Tracer(fx.Tracer):
 
 
 def _valid_cuts(root: nn.Module, graph: fx.Graph, anchors: set[str], batched: Callable[[], set[fx.Node]]
-                ) -> tuple[list[fx.Node], list[int], list[int], range, dict[int, tuple[fx.Node, ...]]]:
-    """The graph's compute nodes, candidate cut positions (before each anchor call, after the last
-    one), the valid cuts, the positions between the anchors' first and last call, and the values
-    packed across each cut that hands on more than one.  A cut may go where one value (not a parameter
+                ) -> tuple[list[fx.Node], bool, list[int], range, dict[int, tuple[fx.Node, ...]]]:
+    """The graph's compute nodes, whether any anchor is called, the valid cuts, the positions between
+    the anchors' first and last call, and the values packed across each cut that hands on more than one.  A cut may go where one value (not a parameter
     or constant read) is live, or, when no cut between two layers holds so, up to `MOST_PACKED` values
     that `batched()` says are float or bool tensors with the batch first (a padding mask beside the
     hidden state), fewest first.  In the stretch between one anchor's calls and the next anchor's first
@@ -110,8 +109,7 @@ def _valid_cuts(root: nn.Module, graph: fx.Graph, anchors: set[str], batched: Ca
     pos = {n: i for i, n in enumerate(nodes)}
     spans = sorted((min(idx), max(idx)) for a in anchors if (idx := [i for i, n in enumerate(nodes) if _within(n, a)]))
     if not spans:
-        return nodes, [], [], range(0), {}
-    cands = sorted({s for s, _ in spans if s > 0} | {spans[-1][1] + 1})
+        return nodes, False, [], range(0), {}
     last_use = {}
     for n in graph.nodes:
         for user in n.users:
@@ -151,7 +149,7 @@ def _valid_cuts(root: nn.Module, graph: fx.Graph, anchors: set[str], batched: Ca
     valid = cuts(1)
     if not any(c in inner for c in valid):  # packed values only where no layer can be cut from the next otherwise
         valid = cuts(MOST_PACKED)
-    return nodes, cands, valid, inner, {c: vals for c in valid if (vals := crossing(c, MOST_PACKED))}
+    return nodes, True, valid, inner, {c: vals for c in valid if (vals := crossing(c, MOST_PACKED))}
 
 
 def _batched_values(module: nn.Module, graph: fx.Graph, example: torch.Tensor) -> set[fx.Node]:
@@ -177,12 +175,17 @@ def pack_values(*values: torch.Tensor) -> torch.Tensor:
     return torch.cat([v.reshape(v.shape[0], -1).to(dtype) for v in values], dim=1)
 
 
+def per_sample_parts(packed: torch.Tensor, shapes) -> list[torch.Tensor]:
+    """A tensor of values flattened per sample side by side (`pack_values`, `usermodel._Packing`) split
+    back into them, each of its per-sample shape."""
+    parts = torch.split(packed, [math.prod(s) for s in shapes], dim=1)
+    return [p.reshape(packed.shape[0], *s) for p, s in zip(parts, shapes, strict=True)]
+
+
 @fx.wrap
 def unpack_values(packed: torch.Tensor, shapes: tuple[tuple[int, ...], ...], bools: tuple[bool, ...]):
     """`pack_values` undone: the values' per-sample shapes, bool ones made bool again."""
-    parts = torch.split(packed, [math.prod(s) for s in shapes], dim=1)
-    return tuple(p.reshape(packed.shape[0], *s) != 0 if b else p.reshape(packed.shape[0], *s)
-                 for p, s, b in zip(parts, shapes, bools, strict=True))
+    return tuple(p != 0 if b else p for p, b in zip(per_sample_parts(packed, shapes), bools, strict=True))
 
 
 def _within(n: fx.Node, path: str) -> bool:
@@ -327,9 +330,9 @@ def _split_at(module: nn.Module, example: torch.Tensor, name: str, leaves: set[s
     if sum(n.op == "placeholder" for n in graph.nodes) != 1:
         return _fallback(whole, name, "its forward takes more than one input")
     batched = functools.cache(lambda: _batched_values(module, graph, example) if pack else set())
-    nodes, cands, valid, inner, packed = _valid_cuts(module, graph, leaves, batched)
+    nodes, anchored, valid, inner, packed = _valid_cuts(module, graph, leaves, batched)
     if not valid:
-        why = "no repeated child blocks or children to cut between" if not cands else CROSSED
+        why = CROSSED if anchored else "no repeated child blocks or children to cut between"
         return _fallback(whole, name, why)
     bounds = [0] + valid + [len(nodes)]
     tied, idle = False, []

@@ -14,7 +14,6 @@ measured: the batch maker's shapes, the loss being a finite scalar.
 from __future__ import annotations
 
 import importlib
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +24,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from hetsim.errors import ConfigError
 from hetsim.workloads.base import Workload
-from hetsim.workloads.cutpoints import split_module
+from hetsim.workloads.cutpoints import per_sample_parts, split_module
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -87,13 +86,13 @@ def user_workload(spec: str, fn: Callable[[], object], first: UserModel) -> Work
     make = first.make_batch or from_rows(first.example_batch)
     mean_loss = first.loss or nn.functional.cross_entropy
     _check(spec, first.module, make, mean_loss)
-    x, _ = make(2, 0)
+    x, y = make(2, 0)
     split = split_module(first.module, x, name)
     with torch.no_grad():
         out = first.module(x)
         packing = _Packing.of(spec, out)
         if packing is not None and packing.dropped:
-            _check_dropped(spec, packing, out, make(2, 0)[1], mean_loss)
+            _check_dropped(spec, packing, out, y, mean_loss)
 
     def loss_sum(out, y: torch.Tensor) -> torch.Tensor:
         if packing is not None:
@@ -154,15 +153,11 @@ class _Packing(nn.Module):
         return torch.cat([t.reshape(t.shape[0], -1).float() for t in leaves if isinstance(t, torch.Tensor)], dim=1)
 
     def unpack(self, packed: torch.Tensor) -> object:
-        kept = [(s, d) for s, d in zip(self.shapes, self.dtypes, strict=True) if s is not None]
-        parts = iter(torch.split(packed, [int(math.prod(s)) for s, _ in kept], dim=1))
+        parts = iter(per_sample_parts(packed, [s for s in self.shapes if s is not None]))
         leaves = []
         for s, d in zip(self.shapes, self.dtypes, strict=True):
-            if s is None:
-                leaves.append(None)
-                continue
-            p = next(parts).reshape(packed.shape[0], *s)
-            leaves.append(p if d.is_floating_point else p.to(d))
+            p = None if s is None else next(parts)
+            leaves.append(p if p is None or d.is_floating_point else p.to(d))
         return tree_unflatten(leaves, self.spec)
 
 
