@@ -102,13 +102,18 @@ class Efficiency:
     """How much faster than its FLOPs at the FP32 CUDA-core rate a 3x3 stride-1 convolution runs
     where no tensor core takes it (fp32 before Ampere): cuDNN's Winograd kernels do 2.25-4x fewer
     multiplications for this shape (F(2x2,3x3) and F(4x4,3x3)) and pay input/output transforms."""
+    turing: float = 1.0
+    """What Turing's tensor cores (compute capability 7.5: RTX 20xx, TITAN RTX, Quadro RTX) sustain of
+    the tensor share the other generations do.  In Lambda's tables every Turing GPU read fast in fp16
+    with 1 (BERT-large +18 to +33 %, ResNet-50 +8 to +12 %, five GPUs) while Volta and Ampere did not;
+    fitted with the rest (`hetsim.reporting.whatif.fit`), on the one Turing GPU of the fit."""
     opt_tensor_s: float = 30e-6
     """Per parameter tensor of the single-tensor (foreach=False) Adam/AdamW step: about ten kernels
     each (the H200 profile in results/gpu/h200 measured 0.25 ms + 0.41 ns/parameter for
     resnet50's 161 tensors, about 65 us a tensor with its Python; half of it on faster hosts)."""
 
 
-EFFICIENCY = Efficiency(tensor=0.55, simt=0.8, mem=0.55, low_bytes=0.5, clock=0.0, winograd=4.0)
+EFFICIENCY = Efficiency(tensor=0.55, simt=0.8, mem=0.55, low_bytes=0.5, clock=0.0, winograd=4.0, turing=0.9)
 """Fitted (grid search, `python -m hetsim.reporting.whatif --fit`) on the published rows of six GPUs
 (`hetsim.reporting.whatif.FIT_GPUS`), validated on the other GPUs' rows; see README."""
 
@@ -154,6 +159,11 @@ def tensor_share(e, feed: float):
     return 1.0 / (1.0 + (1.0 / e - 1.0) / feed)
 
 
+def generation_factor(dev: Device, eff: Efficiency = EFFICIENCY) -> float:
+    """The device generation's share of `tensor_share` (`Efficiency.turing`; 1 for the others)."""
+    return eff.turing if dev.compute_capability == (7, 5) else 1.0
+
+
 def clock_factor(dev: Device, eff: Efficiency = EFFICIENCY) -> float:
     """Sustained over boost clock: base + `eff.clock` x (boost - base), as a fraction of boost."""
     return dev.base_clock_ratio + eff.clock * (1.0 - dev.base_clock_ratio)
@@ -169,7 +179,7 @@ def op_time_s(op: OpCost, mb: float, dev: Device, precision: str, eff: Efficienc
         peak, unit = math_rate(dev, op.kind, precision, matmul_tf32)
         flops = op.flops_per_sample * mb
         t_math = (flops / simt_rate(dev, op.kind, eff) if unit == "simt"
-                  else flops / (peak * tensor_share(eff.tensor, dev.tensor_feed)))
+                  else flops / (peak * tensor_share(eff.tensor, dev.tensor_feed) * generation_factor(dev, eff)))
         if unit == "tensor" and precision == "fp32":  # cuDNN/cuBLAS pick the faster of TF32 and FP32 kernels
             t_math = min(t_math, flops / simt_rate(dev, op.kind, eff))
         t_math /= clock_factor(dev, eff)
