@@ -6,6 +6,7 @@ tests/data/record_profiles.py), the collectives are synthetic.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,16 @@ from hetsim.testing.contract import synthetic_comms
 
 RECORDED = Path(__file__).resolve().parent / "data"
 """Holds profiles/ as a results folder does."""
+ASSETS = Path(__file__).resolve().parent / "assets"
+"""Test models written as users write them (`user_models`)."""
+
+
+@pytest.fixture
+def user_assets(monkeypatch):
+    """tests/assets on sys.path for one test, and its `user_models` module forgotten afterwards."""
+    monkeypatch.syspath_prepend(str(ASSETS))
+    yield ASSETS
+    sys.modules.pop("user_models", None)
 
 
 @pytest.fixture(scope="session")

@@ -203,7 +203,7 @@ def fit(rows: list[Published], grid=GRID, lows=(0.5, 0.6, 0.7, 0.8), clocks=(0.0
 
     import numpy as np
 
-    from hetsim.model.roofline import optimizer_fit, tensor_share
+    from hetsim.model.roofline import generation_factor, optimizer_fit, tensor_share
 
     arrays = [_row_arrays(r) for r in rows]
     pub = np.array([r.samples_per_s for r in rows])
@@ -216,8 +216,8 @@ def fit(rows: list[Published], grid=GRID, lows=(0.5, 0.6, 0.7, 0.8), clocks=(0.0
         for i, (r, (a, (opt, shapes, dev))) in enumerate(zip(rows, arrays, strict=True)):
             tb = (a[:, 2] + a[:, 3] * (low if r.precision != "fp32" else 1.0)) / m
             simt = a[:, 1] / np.where(a[:, 4] > 0, wino, 1.0)
-            share = tensor_share(g, dev.tensor_feed)[None, :] * (tv if dev.compute_capability == (7, 5)
-                                                                 else np.ones_like(tv))[:, None]
+            gen = np.array([generation_factor(dev, replace(eff, turing=t)) for t in turings])
+            share = tensor_share(g, dev.tensor_feed)[None, :] * gen[:, None]
             tm = np.minimum(a[None, None, None, :, 0] / share[:, :, None, None],
                             simt[None, None, None, :] / g[None, None, :, None])
             tm = tm / clock_factor(dev, eff)

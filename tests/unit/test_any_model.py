@@ -5,9 +5,6 @@ test_cutpoints.py."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from torch import nn
@@ -16,14 +13,7 @@ from hetsim.errors import ConfigError, UnknownNameError
 from hetsim.workloads import load_workload, workload_from_spec
 from hetsim.workloads.transformer import IGNORE, gpt_workload
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
-
-
-@pytest.fixture(autouse=True)
-def _assets_on_path(monkeypatch):
-    monkeypatch.syspath_prepend(str(ASSETS))
-    yield
-    sys.modules.pop("user_models", None)
+pytestmark = pytest.mark.usefixtures("user_assets")  # tests/assets importable as user_models
 
 
 def _full_vs_blocks(wl, n=4):

@@ -4,9 +4,6 @@ this process, each split checked against the module's own output)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from torch import nn
@@ -14,14 +11,7 @@ from torch.nn import functional as F
 
 from hetsim.workloads.cutpoints import merge_tied_blocks, split_module
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
-
-
-@pytest.fixture(autouse=True)
-def _assets_on_path(monkeypatch):
-    monkeypatch.syspath_prepend(str(ASSETS))
-    yield
-    sys.modules.pop("user_models", None)
+pytestmark = pytest.mark.usefixtures("user_assets")  # tests/assets importable as user_models
 
 
 def test_split_keeps_tied_parameters_on_one_block():
