@@ -377,6 +377,8 @@ def _workload(args, cluster, console):
     if size:
         checks.image_fits(size, model, max(d.memory_bytes for d in cluster.devices))
     preset, seq = default_size(model, cluster.source)
+    if external and not model.startswith(("hf:", "timm:")):
+        checks.user_model_fits_somewhere(model, args.optimizer, [d.memory_bytes for d in cluster.devices])
     wl = load_workload(model, size, args.optimizer, size=args.model_size or preset, seq_len=args.seq_len or seq)
     if wl.about:
         defaults = ("" if external or model not in SIZED_MODELS or (args.model_size and (args.seq_len or

@@ -7,7 +7,6 @@ as one line and exits with code 2.
 from __future__ import annotations
 
 import difflib
-import os
 import re
 import unicodedata
 import warnings
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hetsim.errors import ConfigError, UnknownNameError, shown
+from hetsim.hardware.devices import host_memory_bytes
 from hetsim.names import BN_MIN_SAMPLES, min_samples_per_micro_batch
 
 if TYPE_CHECKING:  # a type only: the footprint module imports torch, and these checks run before it
@@ -213,33 +213,42 @@ def storage_url(storage: str) -> None:
                           "or sqlite:///results/hetsim.db") from None
 
 
-def host_memory_bytes() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 0
-
-
 def model_fits_somewhere(wl, device_bytes: list[int]) -> None:
     """The fp32 training state (parameters, gradients, optimizer state) must fit in the devices and
     this host together, the most any plan (ZeRO-3 with offload) can spread it over."""
     import torch
 
-    from hetsim.workloads.base import OPTIMIZER_STATE_PER_PARAM
-
+    params = wl.params
     try:
         with torch.device("meta"):  # counted without allocating a byte
-            params = sum(p.numel() for _, b in wl.build_blocks() for p in b.parameters())
+            params = params or sum(p.numel() for _, b in wl.build_blocks() for p in b.parameters())
     except Exception:  # a model that cannot be built on the meta device is measured as usual
         return
-    per_param = 4 * (2 + OPTIMIZER_STATE_PER_PARAM.get(wl.optimizer, 2))
+    _fits(wl.spec, params, wl.optimizer, device_bytes)
+
+
+def user_model_fits_somewhere(spec: str, optimizer: str | None, device_bytes: list[int]) -> None:
+    """`model_fits_somewhere` for `module:function`, checked before the module is built for real: one too
+    large for the host would exhaust its memory while being built."""
+    from hetsim.workloads.usermodel import meta_params
+
+    counted = meta_params(spec)
+    if counted is not None:
+        _fits(spec, counted[0], optimizer or counted[1], device_bytes)
+
+
+def _fits(spec: str, params: int, optimizer: str, device_bytes: list[int]) -> None:
+    from hetsim.workloads.base import OPTIMIZER_STATE_PER_PARAM
+
+    per_param = 4 * (2 + OPTIMIZER_STATE_PER_PARAM.get(optimizer, 2))
     need, host = params * per_param, host_memory_bytes()
     if need > sum(device_bytes) + host:
         raise ConfigError(
-            f"model {wl.spec}: {params / 1e9:.2f}B parameters need {need / 2**30:.1f} GiB for parameters, gradients "
-            f"and {wl.optimizer} state, more than all {len(device_bytes)} devices "
+            f"model {spec}: {params / 1e9:.2f}B parameters need {need / 2**30:.1f} GiB for parameters, gradients "
+            f"and {optimizer} state, more than all {len(device_bytes)} devices "
             f"({sum(device_bytes) / 2**30:.1f} GiB) and this host ({host / 2**30:.1f} GiB) hold together; "
-            "choose a smaller model (--model-size, hf:...?layers=N&hidden=N) or a larger cluster")
+            "choose a smaller model (" + ("fewer or narrower layers" if ":" in spec and not spec.startswith(
+                ("hf:", "timm:")) else "--model-size, hf:...?layers=N&hidden=N") + ") or a larger cluster")
 
 
 def not_the_recordings(out: Path, option: str) -> None:

@@ -51,6 +51,9 @@ class Workload:
     """One line describing what was built (size, sequence length, parameters), printed before profiling."""
     notes: tuple[str, ...] = ()
     """What a user should know about how the model was split (printed and reported)."""
+    params: int = 0
+    """Its parameters, where counted when it was made (a user's module); 0: counted by building its
+    blocks on the meta device."""
 
     def model(self) -> nn.Sequential:
         torch.manual_seed(0)

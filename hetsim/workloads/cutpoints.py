@@ -92,6 +92,8 @@ class _Tracer(fx.Tracer):
             return True
         if any(leaf.startswith(qualname + ".") for leaf in self.leaves):
             return False  # a torch.nn module holding the run (nn.TransformerEncoder's layers): traced into
+        if isinstance(m, torch.jit.ScriptModule):
+            return True  # traced into, its forward would be one opaque call that drops its parameters
         return super().is_leaf_module(m, qualname)
 
 
@@ -416,6 +418,10 @@ def _ops(seg: fx.GraphModule, most: int = 3) -> str:
 def _check_chain(module: nn.Module, segs: list[fx.GraphModule], example: torch.Tensor) -> str | None:
     """None when the chain computes what the module does, else why not.  Both run in training mode
     from one random state (dropout draws alike); buffers (BatchNorm statistics) are restored after."""
+    held = {id(p) for seg in segs for p in seg.parameters()}
+    lost = [n for n, p in module.named_parameters() if p.requires_grad and id(p) not in held]
+    if lost:  # used by a call fx keeps opaque: the chain would compute with them but never train them
+        return f"its split blocks would not train {len(lost)} of its parameters ({lost[0]}, ...)"
     with _buffers_restored(module):
         return _compare(module, segs, example)
 

@@ -110,7 +110,7 @@ def user_workload(spec: str, fn: Callable[[], object], first: UserModel) -> Work
     has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in first.module.modules())
     return Workload(name=spec.rpartition(":")[2], build_blocks=build, make_batch=make, loss_sum=loss_sum,
                     optimizer=first.optimizer, lr=first.lr, has_batchnorm=has_bn, spec=spec,
-                    tokens_per_sample=first.tokens_per_sample, notes=split.notes,
+                    tokens_per_sample=first.tokens_per_sample, notes=split.notes, params=params,
                     about=f"{spec}: {type(first.module).__name__}, {params / 1e6:.2f}M parameters, "
                           f"{len(split.blocks)} blocks ({', '.join(n for n, _ in split.blocks[:6])}"
                           f"{', ...' if len(split.blocks) > 6 else ''})")
@@ -187,6 +187,11 @@ def _check(spec: str, module: nn.Module, make: Callable[[int, int], Batch], mean
                               "; hetsim feeds a model one input tensor: stack several inputs into one along "
                               "dimension 1 and split them in forward (targets likewise)"
                               if isinstance(batch, tuple | list) and len(batch) == 2 else ""))
+    sparse = [n for n, m in module.named_modules() if isinstance(m, nn.Embedding | nn.EmbeddingBag) and m.sparse]
+    if sparse:
+        raise ConfigError(f"--model {spec!r}: module {sparse[0]!r} ({type(module.get_submodule(sparse[0])).__name__}) "
+                          "was built with sparse=True, whose sparse gradients AdamW, Adam and ZeRO's sharded "
+                          "parameters refuse; build it with sparse=False")
     x, y = batch
     if x.shape[:1] != (2,) or y.shape[:1] != (2,):
         raise ConfigError(f"--model {spec!r}: make_batch(2, 0) returned inputs {tuple(x.shape)} and targets "
@@ -234,6 +239,23 @@ def load_user(spec: str) -> Workload:
         got.spec = spec
         return got
     return user_workload(spec, call, as_user_model(got, fn, spec))
+
+
+def meta_params(spec: str) -> tuple[int, str] | None:
+    """(parameters, optimizer) of the module that `module:function` builds, counted on the meta device
+    without allocating its weights: a model too large to train anywhere is refused before it is built
+    for real.  None when it cannot be built there (its own errors come when it is built for real)."""
+    mod_name, _, fn_name = spec.partition(":")
+    try:
+        fn = getattr(importlib.import_module(mod_name), fn_name)
+        with torch.device("meta"):
+            got = fn()
+        if isinstance(got, Workload):
+            return None
+        user = as_user_model(got, fn, spec)
+        return sum(p.numel() for p in user.module.parameters()), user.optimizer
+    except Exception:
+        return None
 
 
 def _shape_of(obj: object) -> str:

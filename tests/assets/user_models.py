@@ -138,6 +138,21 @@ def broken():
     raise RuntimeError("this model fails to build")
 
 
+def too_large():
+    """A 30B-parameter stack: refused from its size counted on the meta device, before it is built.  (Built
+    for real it would need 112 GiB: this asset refuses that, so a broken check fails instead of swapping.)"""
+    if torch.empty(0).device.type != "meta":
+        raise RuntimeError("user_models:too_large is only ever built on the meta device")
+    return UserModel(module=nn.Sequential(*[nn.Linear(16384, 16384) for _ in range(112)]),
+                     make_batch=lambda n, seed: (torch.randn(n, 16384), torch.zeros(n, dtype=torch.long)))
+
+
+def sparse_bag():
+    """A bag-of-words classifier whose EmbeddingBag makes sparse gradients: refused before anything is measured."""
+    module = nn.Sequential(nn.EmbeddingBag(50, 8, sparse=True), nn.Linear(8, 3))
+    return UserModel(module=module, make_batch=lambda n, seed: (torch.randint(0, 50, (n, 5)), torch.zeros(n, dtype=torch.long)))
+
+
 class LSTMLM(nn.Module):
     """A recurrent language model: nn.LSTM returns (output, (h, c)) and, batch first, gives its input a
     non-contiguous gradient."""

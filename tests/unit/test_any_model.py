@@ -118,6 +118,7 @@ def test_user_model_loss_is_the_batch_mean_times_the_batch():
     ("bad_shapes", "need 2 samples"),
     ("bad_loss", "one number"),
     ("broken", "fails to build"),
+    ("sparse_bag", r"module '0' \(EmbeddingBag\) was built with sparse=True.*sparse=False"),
     ("two_inputs", r"returned tuple\(tuple\(Tensor, Tensor\), Tensor\).*stack several inputs into one"),
 ])
 def test_bad_user_models_fail_naming_model_and_rule(fn, rule):
