@@ -146,6 +146,12 @@ class ZeRO(Strategy):
                 f"no dimension; the model has {scalars}: make each a 1-element tensor (torch.ones(1), not "
                 "torch.ones(())), or use zero_stage 1 or ddp"
             )
+        if plan.zero_stage >= 2 and (scripted := sum(b.script_params for b in cost.base_profile.blocks)):
+            raise InfeasiblePlanError(
+                f"zero_stage {plan.zero_stage} shards with torch's fully_shard (FSDP2), which cannot wrap a TorchScript "
+                f"module; the model has {scripted} parameters in one (torch.jit.script): keep that child a plain "
+                "nn.Module, or use zero_stage 1 or ddp"
+            )
         bad = [d for d in plan.devices if not precision_ok(cost, d, plan.precision)]
         if bad:
             need = ("loss scaling, which runs on CUDA only" if plan.precision == "fp16"

@@ -233,6 +233,11 @@ class _Measured:
         return at_ref([t], [p], self.ref)[0]
 
 
+def script_params(block: torch.nn.Module) -> int:
+    """Parameters of `block` that TorchScript modules hold (`BlockProfile.script_params`)."""
+    return len({id(p) for m in block.modules() if isinstance(m, torch.jit.ScriptModule) for p in m.parameters()})
+
+
 def profile_model(
     workload: Workload,
     kind: str,
@@ -507,6 +512,7 @@ def _block_profiles(m: _Measured, micro_batches: tuple[int, ...], precisions: tu
                 param_numels=tuple(p.numel() for p in blk.parameters()),
                 param_trainable=trainable_flags(blk),
                 scalar_params=sum(p.dim() == 0 for p in blk.parameters()),
+                script_params=script_params(blk),
                 split_grad_bytes_per_sample={p: m.split_grads[p][k] for p in precisions},
                 out_itemsize={p: out_itemsize[p][k] for p in precisions},
                 saves_input={p: ends[p][k][0] for p in precisions},

@@ -59,6 +59,9 @@ class BlockProfile:
     scalar_params: int = 0
     """Parameters with no dimension (a learnable temperature, `nn.Parameter(torch.ones(()))`): torch's
     `fully_shard` (FSDP2) refuses them, so ZeRO-2/3 plans are refused (`strategies.zero`)."""
+    script_params: int = 0
+    """Parameters held by TorchScript modules (a child compiled with `torch.jit.script`), which
+    `fully_shard` cannot wrap either: ZeRO-2/3 plans are refused (`strategies.zero`)."""
     split_grad_bytes_per_sample: dict[str, float] = field(default_factory=dict)
     """Per precision: bytes of activation gradients that a zero-bubble schedule's input backward keeps
     for the weight backward of this block (torch's `stage_backward_input` captures, for each parameter

@@ -23,6 +23,7 @@ from hetsim.execution.runner import device_dicts, launch
 from hetsim.execution.worker import Job
 from hetsim.hardware.cluster import parse_cluster
 from hetsim.model.costmodel import CostModel
+from hetsim.profiling.measure import script_params
 from hetsim.profiling.store import BlockProfile, BlockTiming, CommProfile, ModelProfile, ProfileSet
 from hetsim.serial import to_dict
 from hetsim.strategies.base import Plan, Resource, SearchContext, Strategy
@@ -88,7 +89,7 @@ def structural_profile(workload: Workload, device_kind: str = EMU_KIND) -> Model
             timing={"fp32": timing, "bf16": timing}, act_bytes={p: Fit(intercept=0.0, slope=2.0 * out_bytes)
                                                                for p in ("fp32", "bf16")},
             out_bytes_per_sample=out_bytes, flops_per_sample=0.0, param_numels=tuple(p.numel() for p in params),
-            scalar_params=sum(p.dim() == 0 for p in params),
+            scalar_params=sum(p.dim() == 0 for p in params), script_params=script_params(block),
         ))
     opt = Fit(intercept=1e-4, slope=1e-8)
     return ModelProfile(model=workload.spec or workload.name, device_kind=device_kind, fingerprint={},

@@ -138,6 +138,27 @@ def broken():
     raise RuntimeError("this model fails to build")
 
 
+class ScriptedStem(nn.Module):
+    """A stem compiled with torch.jit.script before a list of layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.jit.script(nn.Sequential(nn.Linear(6, 6), nn.ReLU()))
+        self.layers = nn.ModuleList(nn.Linear(6, 6) for _ in range(3))
+        self.head = nn.Linear(6, 2)
+
+    def forward(self, x):
+        x = self.stem(x)
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return self.head(x)
+
+
+def scripted_stem():
+    return UserModel(module=ScriptedStem(), make_batch=lambda n, seed: (
+        torch.randn(n, 6, generator=torch.Generator().manual_seed(seed)), torch.arange(n) % 2))
+
+
 def too_large():
     """A 30B-parameter stack: refused from its size counted on the meta device, before it is built.  (Built
     for real it would need 112 GiB: this asset refuses that, so a broken check fails instead of swapping.)"""

@@ -195,6 +195,23 @@ def test_zero_stages_that_use_fully_shard_refuse_a_parameter_with_no_dimension()
     assert uniform_plan(zero, cost, 8, 1) is not None
 
 
+def test_zero_stages_that_use_fully_shard_refuse_a_torchscript_child():
+    """fully_shard cannot wrap a TorchScript module (it registers state-dict hooks ScriptModules lack):
+    found when user_models:scripted_stem's ZeRO-2/3 calibration runs failed; now infeasible with the fix."""
+    import strategies
+    from hetsim.errors import InfeasiblePlanError
+    from hetsim.testing.contract import structural_cost
+    from strategies.zero import ZeROPlan
+
+    cost = structural_cost("user_models:scripted_stem")
+    assert [b.script_params for b in cost.base_profile.blocks] == [2, 0, 0, 0, 0]
+    zero = strategies.get("zero")
+    for stage in (2, 3):
+        with pytest.raises(InfeasiblePlanError, match="TorchScript module.*2 parameters.*plain nn.Module"):
+            zero.validate(ZeROPlan(devices=(0, 1), local_batch=(4, 4), zero_stage=stage), cost)
+    zero.validate(ZeROPlan(devices=(0, 1), local_batch=(4, 4), zero_stage=1), cost)
+
+
 @pytest.mark.parametrize("name, own_size", [("vit_tiny_patch16_224", False), ("resnet18", True)])
 def test_timm_models_take_the_image_size_and_workers_rebuild_them_from_the_spec(name, own_size):
     """`timm:NAME` at --image-size: a ViT is built for it (`img_size=`), a ResNet (no such argument)

@@ -296,22 +296,6 @@ def test_a_mask_beside_the_hidden_state_is_packed_across_the_cuts_and_an_integer
     assert len(split.blocks) <= 2 and "more than one value" in split.notes[-1]
 
 
-class _ScriptedStem(nn.Module):
-    """A TorchScript stem before a list of layers (a stem compiled with torch.jit.script)."""
-
-    def __init__(self):
-        super().__init__()
-        self.stem = torch.jit.script(nn.Sequential(nn.Linear(6, 6), nn.ReLU()))
-        self.layers = nn.ModuleList(nn.Linear(6, 6) for _ in range(3))
-        self.head = nn.Linear(6, 2)
-
-    def forward(self, x):
-        x = self.stem(x)
-        for layer in self.layers:
-            x = torch.relu(layer(x))
-        return self.head(x)
-
-
 def _trainable(blocks) -> set[int]:
     return {id(p) for _, b in blocks for p in b.parameters() if p.requires_grad}
 
@@ -319,7 +303,9 @@ def _trainable(blocks) -> set[int]:
 def test_a_torchscript_child_is_kept_whole_with_its_parameters():
     """fx traced into a ScriptModule's forward as one opaque call that holds none of its parameters: its
     block would have computed with them and never trained them (found by a sweep of user modules)."""
-    net = _ScriptedStem()
+    from user_models import ScriptedStem
+
+    net = ScriptedStem()
     split = split_module(net, torch.randn(2, 6), "net")
     assert [n for n, _ in split.blocks][:2] == ["0_stem", "1_layers_0"] and len(split.blocks) == 5
     assert _trainable(split.blocks) == {id(p) for p in net.parameters()}
@@ -336,7 +322,9 @@ def test_a_split_whose_blocks_would_not_train_a_parameter_is_refused(monkeypatch
         return qualname in self.leaves or (not isinstance(m, torch.jit.ScriptModule) and
                                           fx.Tracer.is_leaf_module(self, m, qualname))
     monkeypatch.setattr(cutpoints._Tracer, "is_leaf_module", traced_into)
-    net = _ScriptedStem()
+    from user_models import ScriptedStem
+
+    net = ScriptedStem()
     split = split_module(net, torch.randn(2, 6), "net")
     assert _trainable(split.blocks) == {id(p) for p in net.parameters()}
     assert any("would not train 2 of its parameters (stem.0.weight" in n for n in split.notes)
