@@ -31,6 +31,7 @@ before it is parsed."""
 # Effective per-direction figures (shared/data/link_bandwidths.md), bytes per second.
 HOST_LINK_BPS = {
     "PCIe3 x16": 12e9,
+    "PCIe4 x8": 12e9,  # as many lanes-x-rate as PCIe3 x16 (RTX 4060 Ti, A2)
     "PCIe4 x16": 25e9,
     "PCIe5 x16": 35e9,
     "NVLink2": 12e9,  # SXM boards still reach the host over PCIe3

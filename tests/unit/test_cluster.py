@@ -27,6 +27,39 @@ def test_catalog_unknown_key_suggests():
         parse_cluster("catalog:rtx3090")
 
 
+def test_catalog_rows_are_consistent_specifications():
+    """Every row of hetsim/data/gpu_specs.csv obeys what the roofline assumes of it; a row typed wrong
+    (a sparse rate taken for a dense one, a GeForce card without its halved accumulate rate) fails here."""
+    import csv
+    from importlib import resources
+
+    from hetsim.hardware.catalog import load_catalog
+
+    text = resources.files("hetsim").joinpath("data/gpu_specs.csv").read_text()
+    assert all(row["source"].strip() for row in csv.DictReader(text.splitlines()))  # every row cites its source
+    table = load_catalog()
+    assert len(table) >= 56
+    for key, e in table.items():
+        assert e.mem_gib > 0 and e.mem_bw_gbs > 0 and e.fp32_tflops > 0, key
+        assert 0 < e.base_clock_mhz <= e.boost_clock_mhz, key
+        major = e.compute_capability[0]
+        if major < 7:  # Pascal: no tensor cores
+            assert e.fp16_tensor_tflops == e.tf32_tflops == e.bf16_tflops == 0, key
+            continue
+        assert e.fp16_tensor_tflops >= 1.9 * e.fp32_tflops, key  # tensor cores double the FP32 rate at least
+        if major >= 8:  # TF32 and BF16 from Ampere on, TF32 at half the FP16 tensor rate
+            assert e.tf32_tflops == pytest.approx(e.fp16_tensor_tflops / 2, rel=0.02), key
+            assert e.bf16_tflops == e.fp16_tensor_tflops, key
+        else:
+            assert e.tf32_tflops == e.bf16_tflops == 0, key
+        # GeForce tensor cores accumulate in FP32 at half rate, and the table says so (2); from Ampere on
+        # their TF32 rate is then their FP32 rate.
+        geforce = e.name.startswith("GeForce")
+        assert e.tensor_acc16_ratio == (2.0 if geforce else 1.0), key
+        if geforce and major >= 8:
+            assert e.tf32_tflops == e.fp32_tflops, key
+
+
 @pytest.mark.parametrize("spec", ["emu:0@4G", "emu:-1@4G", "emu:1.0@0G", "emu:1.0", "emu:", "emu:x@4G", "bogus"])
 def test_bad_specs(spec):
     with pytest.raises(ClusterSpecError):
