@@ -158,7 +158,7 @@ def _config(transformers, name: str, mtype: str, over: dict[str, int], spec: str
                 setattr(cfg, also, val)
     kv, heads = getattr(cfg, "num_key_value_heads", None), getattr(cfg, "num_attention_heads", None)
     if kv and heads and "heads" in over and "kv_heads" not in over and (kv == heads0 or kv > heads or heads % kv):
-        cfg.num_key_value_heads = kv = heads  # new heads, no kv_heads: as many as the type's default ratio allows
+        cfg.num_key_value_heads = kv = heads  # new heads, no kv_heads: multi-head attention (one kv head per head)
     if kv and heads and heads % kv:
         raise ConfigError(f"--model {spec!r}: {kv} key/value heads do not divide {heads} attention heads; set "
                           f"kv_heads= to a divisor of {heads}")
