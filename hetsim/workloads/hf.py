@@ -162,10 +162,8 @@ def _config(transformers, name: str, mtype: str, over: dict[str, int], spec: str
     if kv and heads and heads % kv:
         raise ConfigError(f"--model {spec!r}: {kv} key/value heads do not divide {heads} attention heads; set "
                           f"kv_heads= to a divisor of {heads}")
-    if "vocab" in over:  # special tokens past a smaller vocabulary would index outside the embedding
-        for attr in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
-            if isinstance(getattr(cfg, attr, None), int) and getattr(cfg, attr) >= over["vocab"]:
-                setattr(cfg, attr, over["vocab"] - 1)
+    if "vocab" in over:
+        _tokens_within(cfg, over["vocab"])
     if "hidden" in over or "heads" in over:
         hidden, heads = getattr(cfg, "hidden_size", 0), getattr(cfg, "num_attention_heads", 0)
         if hidden and heads and hidden % heads:
@@ -197,12 +195,14 @@ def hf_workload(spec: str, seq_len: int | None = None) -> Workload:
     try:
         try:
             with torch.device("meta"):
-                model_cls(cfg)
+                meta = model_cls(cfg)
         except ValueError as e:  # a type with no SDPA kernel (gpt_oss): PyTorch's plain attention ops
             if "attention implementation" not in str(e):
                 raise
             cfg._attn_implementation = "eager"
-        layout, why = _layout_of(model_cls, cfg, task, spec)
+            with torch.device("meta"):
+                meta = model_cls(cfg)
+        layout, why = _layout_of(model_cls, cfg, meta, task, spec)
         with torch.device("meta"):  # sizes and ties without allocating weights (the model may be huge)
             blocks = build()
     except ConfigError:
@@ -345,10 +345,15 @@ def _narrow(cfg):
                       ("vocab_size", 512)):
         if getattr(small, attr, None) and not isinstance(getattr(type(small), attr, None), property):
             setattr(small, attr, val)
-    for attr in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
-        if isinstance(getattr(small, attr, None), int) and getattr(small, attr) >= 512:
-            setattr(small, attr, 511)
+    _tokens_within(small, 512)
     return small
+
+
+def _tokens_within(cfg, vocab: int) -> None:
+    """Special tokens past a vocabulary of `vocab` (which would index outside the embedding) become its last id."""
+    for attr in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+        if isinstance(getattr(cfg, attr, None), int) and getattr(cfg, attr) >= vocab:
+            setattr(cfg, attr, vocab - 1)
 
 
 def _meta_params(model_cls, cfg) -> int:
@@ -356,13 +361,12 @@ def _meta_params(model_cls, cfg) -> int:
         return sum(p.numel() for p in model_cls(cfg).parameters())
 
 
-def _layout_of(model_cls, cfg, task: str, spec: str) -> tuple[str, str]:
+def _layout_of(model_cls, cfg, meta: nn.Module, task: str, spec: str) -> tuple[str, str]:
     """(layout, note): a two-layer model of this configuration (or, past `CHECK_PARAMS`, of its `_narrow`
     form) is built for real and run on a batch, and the layout is kept once its split computes that
     model's own logits; 'whole' otherwise.  A configuration whose own two-layer model fails to run is one
     error naming what transformers said."""
-    with torch.device("meta"):
-        layout = _layout(model_cls(cfg), task)
+    layout = _layout(meta, task)  # `meta`: the whole model of `cfg` on the meta device
     two = _two_layers(cfg)
     own = _meta_params(model_cls, two) <= CHECK_PARAMS
     check = two if own else _narrow(cfg)
