@@ -227,8 +227,8 @@ def calibrate_zero2(cluster: Cluster, workload, profiles: ProfileSet, root: Path
 def calibrate_zero1(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
                     repeats: int = REPEATS, global_batch: int | None = None) -> ProfileSet:
     """Run the uniform ZeRO-1 step (DDP + ZeroRedundancyOptimizer) on the whole cluster once and record
-    what its simulation misses beyond the data-parallel term: ZeroRedundancyOptimizer broadcasts each
-    owner's parameters one tensor at a time (bert@tiny@64: predicted 15-19 % fast without it)."""
+    what its simulation misses beyond the data-parallel term (bert@tiny@64: predicted 15-19 % fast without it,
+    when ZeroRedundancyOptimizer still broadcast one tensor at a time)."""
 
     return _calibrate_uniform(cluster, workload, profiles, root, say, ZeRO(), "zero1_residual_s",
                               "optimizer-sharded data parallelism: a real uniform ZeRO-1 step",

@@ -24,7 +24,7 @@ def zero1_graph(plan: ZeROPlan, cost: CostModel) -> TaskGraph:
                             plan.checkpoint_blocks, [float(c) for c in owned], grad_cache=plan.grad_cache_chunks > 1)
     opts = [t.tid for t in g.tasks if t.kind == TaskKind.OPTIMIZER]
     # ZeroRedundancyOptimizer broadcasts every owner's parameters: all-gather volume of the whole model,
-    # plus the calibrated ZeRO-1 term (one broadcast per parameter tensor; calibrate_zero1).
+    # plus the calibrated ZeRO-1 term (what the bucketed broadcasts cost beyond it; calibrate_zero1).
     group = tuple(plan.devices)
     g.add(Resource.COMM, TaskKind.ALLGATHER, cost.allgather_s(cost.param_bytes(), group) + cost.zero_residual_s(1, group),
           opts, label="param broadcast")

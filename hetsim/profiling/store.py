@@ -177,9 +177,10 @@ class ModelProfile:
     step, sync residual included (what the per-block all-gather/reduce-scatter model misses), per micro-step
     of that step: a plan pays it in each of its micro-steps (`search.calib_dataparallel.PER_MICRO_STEP`)."""
     zero1_residual_s: dict[str, float] = field(default_factory=dict)
-    """By group (`group_key`): the same for a real uniform ZeRO-1 step (DDP + ZeroRedundancyOptimizer, which
-    broadcasts each owner's parameters one tensor at a time: many small collectives on a transformer;
-    bert@tiny@64 on the default cluster measured 15-19 % slower than simulated, DDP within 5 %)."""
+    """By group (`group_key`): the same for a real uniform ZeRO-1 step (DDP + ZeroRedundancyOptimizer, each
+    owner broadcasting its parameters as one bucket; before 2026-12-07 one tensor at a time, many small
+    collectives on a transformer: bert@tiny@64 on the default cluster then measured 15-19 % slower than
+    simulated, DDP within 5 %)."""
     zero2_residual_s: dict[str, float] = field(default_factory=dict)
     """By group (`group_key`): the same for a real uniform ZeRO-2 step (FSDP2 without resharding after
     forward: per-block all-gathers in forward, reduce-scatters in backward); on CPU ranks it measured
