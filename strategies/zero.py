@@ -214,20 +214,23 @@ def _optimizer_spec(workload):
     return cls, {k: v for k, v in probe.defaults.items() if k in accepted}
 
 
+def zero1_optimizer(params, cls, **kw):
+    """ZeroRedundancyOptimizer (ZeRO-1) over `params` stepping with `cls(**kw)`, each owner broadcasting its
+    parameters as one flat bucket (`parameters_as_bucket_view`), not one tensor at a time: bert@tiny@64
+    (53 tensors), 22/10 on the default cluster, 2026-12-07, stepped at 3.10 against 3.66 probe times
+    (4 interleaved runs each).  Parameters become views into the buckets, so memory is unchanged (a
+    bucket has one dtype; ZeroRedundancyOptimizer refuses mixed dtypes either way)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return ZeroRedundancyOptimizer(params, optimizer_class=cls, parameters_as_bucket_view=True, **kw)
+
+
 class ZeRO1Executor(DDPExecutor):
     """DDP's step with ZeroRedundancyOptimizer: each rank steps the parameters it owns."""
 
     def _make_optimizer(self):
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-
         cls, opt_kw = _optimizer_spec(self.ctx.workload)
-        # parameters_as_bucket_view: each owner broadcasts its parameters as one flat bucket, not one
-        # tensor at a time (bert@tiny@64, 53 tensors, 22/10 on the default cluster, 2026-12-07: 3.10
-        # against 3.66 probe times a step, 4 interleaved runs each).  Parameters become views into the
-        # buckets, so memory is unchanged.  A bucket has one dtype: models mixing them keep per-tensor.
-        one_dtype = len({p.dtype for p in self.ddp.parameters() if p.requires_grad}) <= 1
-        stepper = ZeroRedundancyOptimizer(self.ddp.parameters(), optimizer_class=cls,
-                                          parameters_as_bucket_view=one_dtype, **opt_kw)
+        stepper = zero1_optimizer(self.ddp.parameters(), cls, **opt_kw)
         # The local optimizer holds this rank's state (ZeroRedundancyOptimizer's own `state` is empty):
         # it is what memory tracking must see, and the emulator throttles the local step only (the
         # broadcast is communication).  fp16: gradients are replicated, so every rank sees the same inf.

@@ -118,9 +118,9 @@ def prepare(plan: str | PlanFile, model: nn.Module, optimizer: Callable[..., tor
         wrapped = ddp = DistributedDataParallel(model, **kw)
         opt = optimizer(ddp.parameters())
         if stage == 1:
-            from torch.distributed.optim import ZeroRedundancyOptimizer
+            from hetsim.strategies.zero import zero1_optimizer
 
-            opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=type(opt), **opt.defaults)
+            opt = zero1_optimizer(ddp.parameters(), type(opt), **opt.defaults)
     sampler = PlanSampler(len(dataset), tuple(p.local_batch), rank, seed=seed)
     return Prepared(plan_file=pf, model=wrapped, optimizer=opt, sampler=sampler, dataset=dataset,
                     accum_steps=getattr(p, "accum_steps", 1), _ddp=ddp)

@@ -43,8 +43,9 @@ def torchrun(log_dir: Path, *args: str) -> list[str]:
 
 
 @pytest.mark.parametrize("plan", [DDPPlan(devices=(0, 1), local_batch=(20, 12), accum_steps=2),
-                                  ZeROPlan(devices=(0, 1), local_batch=(9, 23), zero_stage=3)],
-                         ids=["ddp-uneven-accum", "zero3-uneven"])
+                                  ZeROPlan(devices=(0, 1), local_batch=(9, 23), zero_stage=3),
+                                  ZeROPlan(devices=(0, 1), local_batch=(21, 11), zero_stage=1)],
+                         ids=["ddp-uneven-accum", "zero3-uneven", "zero1-uneven"])
 def test_prepare_gives_the_full_batch_gradient(tmp_path, plan):
     path = plan_file(tmp_path, plan)
     script = str(Path(__file__).with_name("train_api_script.py"))
