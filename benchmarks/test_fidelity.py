@@ -268,8 +268,8 @@ def test_fidelity(benchmark, ctx, cost, cluster, workload, profiles):
                                                          "n_outside_interval", "n_failed")})
     print(f"fidelity over {acc.n_plans} plans: step-time MAPE {acc.step_time_mape:.3f} (max {acc.step_time_max_err:.3f}), "
           f"peak-memory MAPE {acc.peak_mem_mape:.3f}, Kendall tau {acc.kendall_tau:.3f}, top-1 regret "
-          f"{acc.top1_regret:.1%}; {result['n_outside_interval']} measured steps outside their prediction "
-          f"+-{half:.1%} (profile spread {'unknown' if spread is None else f'{spread:.1%}'})", flush=True)
+          f"{acc.top1_regret:.1%}; {result['n_outside_interval']} measured steps outside their prediction's "
+          f"interval (step error beyond +-{half:.1%}; profile spread {'unknown' if spread is None else f'{spread:.1%}'})", flush=True)
     assert not failed, "plans predicted to fit did not run:\n" + "\n".join(failed)
     assert acc.n_plans >= MIN_PLANS
     bad = acc.violations()

@@ -105,9 +105,19 @@ def test_interval_half_width_has_a_floor():
     assert decision.interval_rel(None) == decision.NOISE_FLOOR_REL
     assert decision.interval_rel(0.001) == decision.NOISE_FLOOR_REL
     assert decision.interval_rel(0.04) == pytest.approx(decision.SPREAD_K * 0.04)
+    # the band is the printed step error's, against the measured step: (1.0 - 1.05) / 1.05 = -4.8 % is
+    # inside +-5 %, (1.0 - 0.95) / 0.95 = +5.3 % is not
     assert not decision.outside_interval(1.0, 1.05, 0.05)
-    assert not decision.outside_interval(1.0, 0.95, 0.05)
+    assert not decision.outside_interval(1.0, 1 / 1.049, 0.05)
+    assert decision.outside_interval(1.0, 0.95, 0.05)
     assert decision.outside_interval(1.0, 1.06, 0.05) and decision.outside_interval(1.0, 0.94, 0.05)
+
+
+def test_a_row_is_marked_outside_exactly_when_its_printed_error_is():
+    from hetsim.reporting.metrics import rel_err
+
+    for meas in (0.90, 0.94, 0.951, 0.96, 1.0, 1.04, 1.051, 1.06):
+        assert decision.outside_interval(1.0, meas, 0.05) == (abs(rel_err(1.0, meas)) > 0.05), meas
 
 
 def test_report_marks_measurements_outside_the_interval(tmp_path):
@@ -124,7 +134,8 @@ def test_report_marks_measurements_outside_the_interval(tmp_path):
     assert [r[col] for r in report.table_rows(data)] == ["OUT", "yes", "-"]
     line = report.accuracy_line(report.summary(data))
     assert "Kendall tau 1.00, top-1 regret 0.0% (predicted best: plan1)" in line
-    assert "1 of 2 measured steps outside their prediction +-6.0% (3 x profile spread 2.0%)" in line
+    assert ("1 of 2 measured steps outside their prediction's interval (step error beyond +-6.0%: "
+            "3 x profile spread 2.0%)") in line
     folder = report.write(data, tmp_path)
     summary = json.loads((folder / "summary.json").read_text())["accuracy"]
     assert summary["outside_interval"] == 1 and summary["top1_plan"] == "plan1"
@@ -136,7 +147,8 @@ def test_accuracy_line_says_when_the_spread_is_unknown_or_one_plan_ran():
     a = report.accuracy([_row(1, 0.20, 0.21)])
     text = decision.decision_text({**a})
     assert "Kendall tau n/a" in text and "top-1 regret 0.0%" in text
-    assert "0 of 1 measured steps outside their prediction +-5.0% (the noise floor; profile spread unknown)" in text
+    assert ("0 of 1 measured steps outside their prediction's interval (step error beyond +-5.0%: the noise floor; "
+            "profile spread unknown)") in text
 
 
 # ----------------------------------------------------------------------------- the recorded spread
