@@ -14,9 +14,12 @@ Each aten operator of a block's forward or backward (hetsim.profiling.shapes) ta
   fitted fraction of fp32's per-sample bytes; weights are read at fp32 and cast.  Math runs at a
   sustained clock between the datasheet's base and boost clocks.  A 3x3 stride-1 convolution on
   the FP32 CUDA cores runs as cuDNN's Winograd, faster than its FLOPs say by a fitted gain.
-- **Efficiencies** are six constants, `EFFICIENCY`, fitted on the published rows of six GPUs and
+- **Efficiencies** are eight constants, `EFFICIENCY`, fitted on the published rows of six GPUs and
   validated on the other GPUs' rows (README, "What-if on GPUs you don't own"); `t_launch` is a floor
   per operator: eager PyTorch cannot issue kernels faster than its dispatcher.
+- **The optimizer step** streams its state at the sustained bandwidth (`optimizer_fit`); an Adam written
+  as a Python loop over tensors (the published BERT-large fp32 rows' BertAdam) pays a dispatch floor
+  for each of its unfused operators (`loop_adam_s`).
 
 Nothing here imports torch: it is the simulation side.
 """
@@ -111,9 +114,15 @@ class Efficiency:
     """Per parameter tensor of the single-tensor (foreach=False) Adam/AdamW step: about ten kernels
     each (the H200 profile in results/gpu/h200 measured 0.25 ms + 0.41 ns/parameter for
     resnet50's 161 tensors, about 65 us a tensor with its Python; half of it on faster hosts)."""
+    loop_op_s: float = 10e-6
+    """Least time per elementwise operator of an Adam written as a Python loop over tensors
+    (`LOOP_ADAM_OPS` of them a tensor; NVIDIA's BertAdam, which the published BERT-large fp32 rows ran):
+    the host's dispatch of each, exposed because the step starts after a `.item()` sync.  Fitted with
+    the rest (`hetsim.reporting.whatif.fit`)."""
 
 
-EFFICIENCY = Efficiency(tensor=0.55, simt=0.8, mem=0.55, low_bytes=0.5, clock=0.0, winograd=4.0, turing=0.9)
+EFFICIENCY = Efficiency(tensor=0.6, simt=0.9, mem=0.55, low_bytes=0.5, clock=0.0, winograd=4.0, turing=0.8,
+                        loop_op_s=10e-6)
 """Fitted (grid search, `python -m hetsim.reporting.whatif --fit`) on the published rows of six GPUs
 (`hetsim.reporting.whatif.FIT_GPUS`), validated on the other GPUs' rows; see README."""
 
@@ -191,12 +200,32 @@ def pass_time_s(ops: tuple[OpCost, ...], mb: float, dev: Device, precision: str,
     return sum(op_time_s(o, mb, dev, precision, eff, matmul_tf32) for o in ops)
 
 
+LOOP_ADAM_OPS = 12
+"""Elementwise operators one parameter tensor costs in NVIDIA's BertAdam (a Python loop over tensors,
+no fused kernel): two for each moment, a square root, an epsilon add and a divide for the update, two for
+weight decay, one for the learning rate, and a negation and an add for the parameter.  (Its clipping,
+two more, runs only when the global gradient norm exceeds 1; not counted.)"""
+LOOP_ADAM_BYTES = 116.0 / LOOP_ADAM_OPS
+"""fp32 bytes per parameter that one of those operators moves, on average: 116 over the twelve (each
+reads one or two tensors and writes one)."""
+
+
+def loop_adam_s(numels, dev: Device, eff: Efficiency = EFFICIENCY) -> float:
+    """Seconds of a BertAdam step over tensors of these sizes: every operator the longer of its dispatch
+    floor (`Efficiency.loop_op_s`) and its bytes at the sustained bandwidth."""
+    bw = dev.mem_bw_bps * eff.mem
+    return LOOP_ADAM_OPS * sum(max(eff.loop_op_s, LOOP_ADAM_BYTES * n / bw) for n in numels)
+
+
 def optimizer_fit(shapes: ModelShapes, dev: Device, optimizer: str, eff: Efficiency = EFFICIENCY) -> tuple[float, float]:
     """(intercept s, slope s/parameter) of the optimizer step: bandwidth for the state it streams
     (AdamW reads parameter, gradient and two moments and writes three: 28 B plus its temporaries,
     about 44 B a parameter; SGD with momentum about 20 B) and a per-tensor cost spread over the
-    model's average tensor size."""
+    model's average tensor size.  'bert_adam' (`loop_adam_s`) is all slope: its time over the model's
+    parameters."""
     n_params = sum(b.param_count for b in shapes.blocks)
+    if optimizer == "bert_adam":
+        return 0.0, loop_adam_s([n for b in shapes.blocks for n in b.param_numels], dev, eff) / max(1, n_params)
     share = {"adam": 1.0, "adamw": 1.0, "sgd": 0.4}.get(optimizer, 0.0)  # 'fused': one multi-tensor kernel
     per_tensor = eff.opt_tensor_s * share
     bytes_per_param = 20.0 if optimizer == "sgd" else 44.0 if share else 28.0

@@ -154,7 +154,7 @@ def order_agreement(checked: list[Checked], tie: float = 0.05) -> tuple[int, int
     return sum(_in_order(a, b) for a, b in pairs), len(pairs)
 
 
-GRID = (0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9)
+GRID = (0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0)
 
 
 def _row_arrays(row: Published):
@@ -192,18 +192,30 @@ TURINGS = (1.0, 0.9, 0.8, 0.7, 0.6)
 """Turing tensor shares tried (`Efficiency.turing`), from the other generations' share down."""
 
 
+LOOP_OPS = (5e-6, 10e-6, 15e-6, 20e-6, 30e-6)
+"""Dispatch floors tried for BertAdam's operators (`Efficiency.loop_op_s`): from a fast host's eager
+PyTorch to the fit's per-operator floor of forward and backward."""
+
+
+def _opt_s(opt: str, shapes, dev, eff: Efficiency) -> float:
+    from hetsim.model.roofline import optimizer_fit
+
+    ia, sl = optimizer_fit(shapes, dev, opt, eff)
+    return ia + sl * sum(b.param_count for b in shapes.blocks)
+
+
 def fit(rows: list[Published], grid=GRID, lows=(0.5, 0.6, 0.7, 0.8), clocks=(0.0, 0.25, 0.5, 0.75, 1.0),
-        winograds=WINOGRADS, turings=TURINGS) -> Efficiency:
-    """The (tensor, simt, mem, low_bytes, clock, winograd, turing) efficiencies on the grid with the least
-    root-mean-square log error (predicted over published throughput) over rows: least squares on log
-    throughput, so every row counts and a row 20 % slow weighs what a row 20 % fast does.  The sums are
-    those of `hetsim.model.roofline.throughput`, vectorised per row over the tensor and CUDA-core grids;
-    ties go to the first set in grid order."""
+        winograds=WINOGRADS, turings=TURINGS, loop_ops=LOOP_OPS) -> Efficiency:
+    """The (tensor, simt, mem, low_bytes, clock, winograd, turing, loop_op_s) efficiencies on the grid with
+    the least root-mean-square log error (predicted over published throughput) over rows: least squares on
+    log throughput, so every row counts and a row 20 % slow weighs what a row 20 % fast does.  The sums
+    are those of `hetsim.model.roofline.throughput`, vectorised per row over the tensor and CUDA-core
+    grids; the optimizer step is added per BertAdam floor; ties go to the first set in grid order."""
     import itertools
 
     import numpy as np
 
-    from hetsim.model.roofline import generation_factor, optimizer_fit, tensor_share
+    from hetsim.model.roofline import generation_factor, tensor_share
 
     arrays = [_row_arrays(r) for r in rows]
     pub = np.array([r.samples_per_s for r in rows])
@@ -212,7 +224,7 @@ def fit(rows: list[Published], grid=GRID, lows=(0.5, 0.6, 0.7, 0.8), clocks=(0.0
     best = None
     for m, low, clk, wino in itertools.product(grid, lows, clocks, winograds):
         eff = replace(EFFICIENCY, mem=m, low_bytes=low, clock=clk, winograd=wino)
-        pred = np.empty((len(rows), len(tv), len(g), len(g)))  # row, turing, tensor, simt
+        pred = np.empty((len(loop_ops), len(rows), len(tv), len(g), len(g)))  # floor, row, turing, tensor, simt
         for i, (r, (a, (opt, shapes, dev))) in enumerate(zip(rows, arrays, strict=True)):
             tb = (a[:, 2] + a[:, 3] * (low if r.precision != "fp32" else 1.0)) / m
             simt = a[:, 1] / np.where(a[:, 4] > 0, wino, 1.0)
@@ -221,15 +233,14 @@ def fit(rows: list[Published], grid=GRID, lows=(0.5, 0.6, 0.7, 0.8), clocks=(0.0
             tm = np.minimum(a[None, None, None, :, 0] / share[:, :, None, None],
                             simt[None, None, None, :] / g[None, None, :, None])
             tm = tm / clock_factor(dev, eff)
-            ia, sl = optimizer_fit(shapes, dev, opt, eff)
-            step = np.maximum(np.maximum(tm, tb), eff.launch_s).sum(axis=3) + ia + sl * sum(
-                b.param_count for b in shapes.blocks)
-            pred[i] = r.batch / step
-        err = np.sqrt(np.mean(np.log(pred / pub[:, None, None, None]) ** 2, axis=0))
-        ui, ti, si = np.unravel_index(int(np.argmin(err)), err.shape)
-        if best is None or err[ui, ti, si] < best[0]:
-            best = (float(err[ui, ti, si]),
-                    replace(eff, tensor=float(g[ti]), simt=float(g[si]), turing=float(tv[ui])))
+            passes = np.maximum(np.maximum(tm, tb), eff.launch_s).sum(axis=3)
+            for k, floor in enumerate(loop_ops):
+                pred[k, i] = r.batch / (passes + _opt_s(opt, shapes, dev, replace(eff, loop_op_s=floor)))
+        err = np.sqrt(np.mean(np.log(pred / pub[None, :, None, None, None]) ** 2, axis=1))
+        ki, ui, ti, si = np.unravel_index(int(np.argmin(err)), err.shape)
+        if best is None or err[ki, ui, ti, si] < best[0]:
+            best = (float(err[ki, ui, ti, si]), replace(eff, tensor=float(g[ti]), simt=float(g[si]),
+                                                        turing=float(tv[ui]), loop_op_s=float(loop_ops[ki])))
     return best[1]
 
 

@@ -44,10 +44,10 @@ def test_held_out_source_is_outside_the_fit_and_within_20_percent(checked):
     assert {"gtx_1080_ti", "rtx_2080_ti"} <= {c.row.gpu for c in l22}
     assert any(c.row.gpu in whatif.FIT_GPUS for c in l22)
     assert whatif.median_abs_error(l22) <= 0.20, whatif.table(l22)
-    # 20 GPUs, 79 rows: the pairs these tables order (5 % ties) come out in that order but for a few,
-    # all of them BERT-large between Turing and Ampere cards or at batch 2 (README, "Lambda's 2022 tables").
+    # 20 GPUs, 79 rows: the pairs these tables order (5 % ties) come out in that order but for 13 of 695,
+    # most of them BERT-large fp16 between pre-Ampere and Ampere cards (README, "Lambda's 2022 tables").
     good, pairs = whatif.order_agreement(l22)
-    assert pairs >= 600 and good / pairs >= 0.95, whatif.order_violations(l22)
+    assert pairs >= 600 and good / pairs >= 0.97, whatif.order_violations(l22)
 
 
 def test_order_ties_cover_figures_published_one_apart():
@@ -81,7 +81,7 @@ def test_gpu_order_follows_the_published_order(checked):
     lambda_rows = [c for c in checked if c.row.source == "L23"]
     # Published figures within 15 % of each other count as ties (several sources disagree by more).
     bad = whatif.order_violations(lambda_rows, tie=0.15)
-    assert len(bad) <= 1, bad
+    assert not bad, bad
 
 
 def test_default_math_follows_pytorch_defaults():
@@ -145,6 +145,35 @@ def test_geforce_tensor_cores_sustain_more_of_their_halved_rate():
     mm = OpCost("matmul", 1e12, 0.0, 0.0)
     t_3090, t_a6000 = (op_time_s(mm, 1, d, "fp16", eff) * d.base_clock_ratio for d in (rtx3090, a6000))
     assert t_3090 / t_a6000 == pytest.approx(154.8 / 71 * 0.6 / 0.75)
+
+
+def test_published_bert_rows_name_the_optimizer_nvidias_script_builds():
+    """NVIDIA's run_squad.py builds BertAdam without --fp16/--amp and apex FusedAdam with them, so every
+    fp32 BERT-large row is 'bert_adam' and every fp16 one 'fused_adam' (published_sources.csv)."""
+    bert = [r for r in whatif.published_rows() if r.model.startswith("bert")]
+    assert bert and all(r.optimizer == ("bert_adam" if r.precision == "fp32" else "fused_adam") for r in bert)
+
+
+def test_loop_adam_is_dispatch_bound_for_small_tensors_and_bandwidth_bound_for_large():
+    from dataclasses import replace
+
+    from hetsim.model import roofline as rf
+
+    dev = catalog_device(load_catalog()["rtx_3090"], 0)
+    eff = replace(rf.EFFICIENCY, loop_op_s=10e-6)
+    bw = dev.mem_bw_bps * eff.mem
+    assert rf.loop_adam_s([1024] * 100, dev, eff) == pytest.approx(100 * rf.LOOP_ADAM_OPS * 10e-6)
+    big = 64 * 2**20
+    assert rf.loop_adam_s([big], dev, eff) == pytest.approx(rf.LOOP_ADAM_OPS * rf.LOOP_ADAM_BYTES * big / bw)
+    # twelve unfused operators move 116 bytes a parameter, against the fused step's 28 plus temporaries
+    assert rf.LOOP_ADAM_OPS * rf.LOOP_ADAM_BYTES == pytest.approx(116.0)
+    shapes = whatif.model_shapes("bert-large-squad@384")
+    a, b = rf.optimizer_fit(shapes, dev, "bert_adam", eff)
+    n = sum(bl.param_count for bl in shapes.blocks)
+    numels = [x for bl in shapes.blocks for x in bl.param_numels]
+    assert a == 0.0 and a + b * n == pytest.approx(rf.loop_adam_s(numels, dev, eff))
+    fa, fb = rf.optimizer_fit(shapes, dev, "fused", eff)
+    assert a + b * n > 2 * (fa + fb * n)
 
 
 def test_low_precision_and_bigger_gpus_are_faster():
