@@ -233,14 +233,19 @@ def optimizer_fit(shapes: ModelShapes, dev: Device, optimizer: str, eff: Efficie
     return per_tensor, slope
 
 
+def optimizer_s(shapes: ModelShapes, dev: Device, optimizer: str, eff: Efficiency = EFFICIENCY) -> float:
+    """Seconds of one optimizer step over the whole model (`optimizer_fit` at its parameter count)."""
+    a, b = optimizer_fit(shapes, dev, optimizer, eff)
+    return a + b * sum(bl.param_count for bl in shapes.blocks)
+
+
 def step_time_s(shapes: ModelShapes, dev: Device, mb: int, precision: str, optimizer: str = "adamw",
                 eff: Efficiency = EFFICIENCY, matmul_tf32: bool = False) -> float:
     """One single-device training step at batch mb: every block's forward and backward, then the
     optimizer step (what a published images/s or sequences/s figure divides)."""
     t = sum(pass_time_s(b.fwd, mb, dev, precision, eff, matmul_tf32) + pass_time_s(b.bwd, mb, dev, precision, eff,
                                                                                matmul_tf32) for b in shapes.blocks)
-    a, b = optimizer_fit(shapes, dev, optimizer, eff)
-    return t + a + b * sum(bl.param_count for bl in shapes.blocks)
+    return t + optimizer_s(shapes, dev, optimizer, eff)
 
 
 def throughput(shapes: ModelShapes, dev: Device, mb: int, precision: str, optimizer: str = "adamw",

@@ -197,13 +197,6 @@ LOOP_OPS = (5e-6, 10e-6, 15e-6, 20e-6, 30e-6)
 PyTorch to the fit's per-operator floor of forward and backward."""
 
 
-def _opt_s(opt: str, shapes, dev, eff: Efficiency) -> float:
-    from hetsim.model.roofline import optimizer_fit
-
-    ia, sl = optimizer_fit(shapes, dev, opt, eff)
-    return ia + sl * sum(b.param_count for b in shapes.blocks)
-
-
 def fit(rows: list[Published], grid=GRID, lows=(0.5, 0.6, 0.7, 0.8), clocks=(0.0, 0.25, 0.5, 0.75, 1.0),
         winograds=WINOGRADS, turings=TURINGS, loop_ops=LOOP_OPS) -> Efficiency:
     """The (tensor, simt, mem, low_bytes, clock, winograd, turing, loop_op_s) efficiencies on the grid with
@@ -215,7 +208,7 @@ def fit(rows: list[Published], grid=GRID, lows=(0.5, 0.6, 0.7, 0.8), clocks=(0.0
 
     import numpy as np
 
-    from hetsim.model.roofline import generation_factor, tensor_share
+    from hetsim.model.roofline import generation_factor, optimizer_s, tensor_share
 
     arrays = [_row_arrays(r) for r in rows]
     pub = np.array([r.samples_per_s for r in rows])
@@ -235,7 +228,7 @@ def fit(rows: list[Published], grid=GRID, lows=(0.5, 0.6, 0.7, 0.8), clocks=(0.0
             tm = tm / clock_factor(dev, eff)
             passes = np.maximum(np.maximum(tm, tb), eff.launch_s).sum(axis=3)
             for k, floor in enumerate(loop_ops):
-                pred[k, i] = r.batch / (passes + _opt_s(opt, shapes, dev, replace(eff, loop_op_s=floor)))
+                pred[k, i] = r.batch / (passes + optimizer_s(shapes, dev, opt, replace(eff, loop_op_s=floor)))
         err = np.sqrt(np.mean(np.log(pred / pub[None, :, None, None, None]) ** 2, axis=1))
         ki, ui, ti, si = np.unravel_index(int(np.argmin(err)), err.shape)
         if best is None or err[ki, ui, ti, si] < best[0]:
