@@ -12,9 +12,11 @@ Each aten operator of a block's forward or backward (hetsim.profiling.shapes) ta
   `tensor_share`); everything else (normalisation,
   activations, adds, casts, gradient accumulation) is bandwidth-bound.  Low precision moves a
   fitted fraction of fp32's per-sample bytes; weights are read at fp32 and cast.  Math runs at a
-  sustained clock between the datasheet's base and boost clocks.  A 3x3 stride-1 convolution on
+  sustained clock between the datasheet's base and boost clocks.  Memory-bound kernels stream at a
+  fitted share of the DRAM bandwidth, at most a fitted number of bytes per SM per boost cycle
+  (`mem_rate`): on the largest HBM parts the SMs, not the DRAM, bound them.  A 3x3 stride-1 convolution on
   the FP32 CUDA cores runs as cuDNN's Winograd, faster than its FLOPs say by a fitted gain.
-- **Efficiencies** are eight constants, `EFFICIENCY`, fitted on the published rows of six GPUs and
+- **Efficiencies** are nine constants, `EFFICIENCY`, fitted on the published rows of six GPUs and
   validated on the other GPUs' rows (README, "What-if on GPUs you don't own"); `t_launch` is a floor
   per operator: eager PyTorch cannot issue kernels faster than its dispatcher.
 - **The optimizer step** streams its state at the sustained bandwidth (`optimizer_fit`); an Adam written
@@ -119,10 +121,18 @@ class Efficiency:
     (`LOOP_ADAM_OPS` of them a tensor; NVIDIA's BertAdam, which the published BERT-large fp32 rows ran):
     the host's dispatch of each, exposed because the step starts after a `.item()` sync.  Fitted with
     the rest (`hetsim.reporting.whatif.fit`)."""
+    sm_bytes: float = 0.0
+    """Bytes a streaming multiprocessor moves per boost-clock cycle in memory-bound kernels, at most: the
+    DRAM rate those kernels sustain is the lesser of `mem` x bandwidth and sm_bytes x SMs x boost clock
+    (`mem_rate`; 0: no such cap).  Little's law: a kernel keeps only so many loads in flight per SM, so
+    the bandwidth it reaches grows with the SMs and their clock, not with the DRAM behind them.  This is
+    why an H200 (the H100's 132 SMs, 1.43x its bandwidth) trained ResNet-50 in fp16 1.10x as fast as the
+    H100 SXM in Lambda's v2 tables, not 1.4x.  At the boost clock: memory-bound kernels do not draw the
+    power that pulls math down towards the base clock.  Fitted with the rest."""
 
 
-EFFICIENCY = Efficiency(tensor=0.6, simt=0.9, mem=0.55, low_bytes=0.5, clock=0.0, winograd=4.0, turing=0.8,
-                        loop_op_s=10e-6)
+EFFICIENCY = Efficiency(tensor=0.55, simt=0.85, mem=0.6, low_bytes=0.5, clock=0.0, winograd=3.5, turing=0.8,
+                        loop_op_s=5e-6, sm_bytes=7.0)
 """Fitted (grid search, `python -m hetsim.reporting.whatif --fit`) on the published rows of six GPUs
 (`hetsim.reporting.whatif.FIT_GPUS`), validated on the other GPUs' rows; see README."""
 
@@ -173,6 +183,23 @@ def generation_factor(dev: Device, eff: Efficiency = EFFICIENCY) -> float:
     return eff.turing if dev.compute_capability == (7, 5) else 1.0
 
 
+FP32_LANES_PER_SM = {(6, 0): 64, (7, 0): 64, (7, 5): 64, (8, 0): 64}
+"""FP32 lanes per SM where a generation has 64 (GP100, Volta, Turing, GA100); the others have 128
+(GP10x, GA10x, AD10x, Hopper; NVIDIA's architecture whitepapers)."""
+
+
+def sm_cycles_per_s(dev: Device) -> float:
+    """SMs x boost clock, from the FP32 peak: 2 FLOPs per lane per cycle."""
+    return dev.peak_fp32_flops / (2 * FP32_LANES_PER_SM.get(tuple(dev.compute_capability), 128))
+
+
+def mem_rate(dev: Device, eff: Efficiency = EFFICIENCY) -> float:
+    """Bytes/s that memory-bound kernels sustain: `Efficiency.mem` of the DRAM bandwidth, capped at
+    `Efficiency.sm_bytes` per SM per boost cycle."""
+    rate = dev.mem_bw_bps * eff.mem
+    return min(rate, eff.sm_bytes * sm_cycles_per_s(dev)) if eff.sm_bytes > 0 else rate
+
+
 def clock_factor(dev: Device, eff: Efficiency = EFFICIENCY) -> float:
     """Sustained over boost clock: base + `eff.clock` x (boost - base), as a fraction of boost."""
     return dev.base_clock_ratio + eff.clock * (1.0 - dev.base_clock_ratio)
@@ -182,7 +209,7 @@ def op_time_s(op: OpCost, mb: float, dev: Device, precision: str, eff: Efficienc
               matmul_tf32: bool = False) -> float:
     low = precision != "fp32"
     nbytes = op.bytes_fixed + op.bytes_per_sample * mb * (eff.low_bytes if low else 1.0)
-    t_mem = nbytes / (dev.mem_bw_bps * eff.mem)
+    t_mem = nbytes / mem_rate(dev, eff)
     t_math = 0.0
     if op.kind != "mem" and op.flops_per_sample > 0:
         peak, unit = math_rate(dev, op.kind, precision, matmul_tf32)
@@ -213,7 +240,7 @@ reads one or two tensors and writes one)."""
 def loop_adam_s(numels, dev: Device, eff: Efficiency = EFFICIENCY) -> float:
     """Seconds of a BertAdam step over tensors of these sizes: every operator the longer of its dispatch
     floor (`Efficiency.loop_op_s`) and its bytes at the sustained bandwidth."""
-    bw = dev.mem_bw_bps * eff.mem
+    bw = mem_rate(dev, eff)
     return LOOP_ADAM_OPS * sum(max(eff.loop_op_s, LOOP_ADAM_BYTES * n / bw) for n in numels)
 
 
@@ -229,7 +256,7 @@ def optimizer_fit(shapes: ModelShapes, dev: Device, optimizer: str, eff: Efficie
     share = {"adam": 1.0, "adamw": 1.0, "sgd": 0.4}.get(optimizer, 0.0)  # 'fused': one multi-tensor kernel
     per_tensor = eff.opt_tensor_s * share
     bytes_per_param = 20.0 if optimizer == "sgd" else 44.0 if share else 28.0
-    slope = bytes_per_param / (dev.mem_bw_bps * eff.mem) + per_tensor * shapes.param_tensors / max(1, n_params)
+    slope = bytes_per_param / mem_rate(dev, eff) + per_tensor * shapes.param_tensors / max(1, n_params)
     return per_tensor, slope
 
 

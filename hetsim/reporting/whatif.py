@@ -22,7 +22,7 @@ from hetsim.model.roofline import EFFICIENCY, Efficiency, ModelShapes, clock_fac
 FIT_GPUS = frozenset({"quadro_rtx_8000", "v100_sxm2_16gb", "rtx_3090", "a100_sxm_80gb", "rtx_4090", "h100_pcie"})
 """The GPUs whose published rows (both models, both precisions) fit `EFFICIENCY`; every other row
 is held out and only validates."""
-HELD_OUT_SOURCES = frozenset({"L22"})
+HELD_OUT_SOURCES = frozenset({"L22", "L24"})
 """Sources held out whole, whatever the GPU: Lambda's 2022 tables (an older container, NGC 21.07) came
 after the fit and validate it on the users' own older GPUs (GTX 1080 Ti, RTX 2080 Ti) and on a second
 software version of the fit GPUs."""
@@ -197,43 +197,58 @@ LOOP_OPS = (5e-6, 10e-6, 15e-6, 20e-6, 30e-6)
 PyTorch to the fit's per-operator floor of forward and backward."""
 
 
+SM_BYTES = (0.0, 6.0, 7.0, 8.0, 9.0, 10.0, 12.0)
+"""Per-SM streaming caps tried (`Efficiency.sm_bytes`, bytes per SM per boost cycle): none, and from
+where every HBM GPU of the fit would be capped to where none is."""
+
+
 def fit(rows: list[Published], grid=GRID, lows=(0.5, 0.6, 0.7, 0.8), clocks=(0.0, 0.25, 0.5, 0.75, 1.0),
-        winograds=WINOGRADS, turings=TURINGS, loop_ops=LOOP_OPS) -> Efficiency:
-    """The (tensor, simt, mem, low_bytes, clock, winograd, turing, loop_op_s) efficiencies on the grid with
-    the least root-mean-square log error (predicted over published throughput) over rows: least squares on
-    log throughput, so every row counts and a row 20 % slow weighs what a row 20 % fast does.  The sums
-    are those of `hetsim.model.roofline.throughput`, vectorised per row over the tensor and CUDA-core
-    grids; the optimizer step is added per BertAdam floor; ties go to the first set in grid order."""
+        winograds=WINOGRADS, turings=TURINGS, loop_ops=LOOP_OPS, sm_bytes=SM_BYTES) -> Efficiency:
+    """The (tensor, simt, mem, low_bytes, clock, winograd, turing, loop_op_s, sm_bytes) efficiencies on the
+    grid with the least root-mean-square log error (predicted over published throughput) over rows: least
+    squares on log throughput, so every row counts and a row 20 % slow weighs what a row 20 % fast does.
+    The sums are those of `hetsim.model.roofline.throughput`, vectorised per row over the SM caps and the
+    tensor and CUDA-core grids; the optimizer step is added per cap and BertAdam floor (memoised: it
+    depends on them only through the memory rate); ties go to the first set in grid order."""
     import itertools
 
     import numpy as np
 
-    from hetsim.model.roofline import generation_factor, optimizer_s, tensor_share
+    from hetsim.model.roofline import generation_factor, mem_rate, optimizer_s, tensor_share
 
     arrays = [_row_arrays(r) for r in rows]
     pub = np.array([r.samples_per_s for r in rows])
     g = np.array(grid)
     tv = np.array(turings)
+    opt_memo: dict[tuple, float] = {}
     best = None
     for m, low, clk, wino in itertools.product(grid, lows, clocks, winograds):
         eff = replace(EFFICIENCY, mem=m, low_bytes=low, clock=clk, winograd=wino)
-        pred = np.empty((len(loop_ops), len(rows), len(tv), len(g), len(g)))  # floor, row, turing, tensor, simt
+        # floor, cap, row, turing, tensor, simt
+        pred = np.empty((len(loop_ops), len(sm_bytes), len(rows), len(tv), len(g), len(g)))
         for i, (r, (a, (opt, shapes, dev))) in enumerate(zip(rows, arrays, strict=True)):
-            tb = (a[:, 2] + a[:, 3] * (low if r.precision != "fp32" else 1.0)) / m
+            caps = [replace(eff, sm_bytes=k) for k in sm_bytes]
+            rel = np.array([mem_rate(dev, c) / dev.mem_bw_bps for c in caps])  # the cap's share of the bandwidth
+            tb = (a[:, 2] + a[:, 3] * (low if r.precision != "fp32" else 1.0))[None, :] / rel[:, None]
             simt = a[:, 1] / np.where(a[:, 4] > 0, wino, 1.0)
             gen = np.array([generation_factor(dev, replace(eff, turing=t)) for t in turings])
             share = tensor_share(g, dev.tensor_feed)[None, :] * gen[:, None]
             tm = np.minimum(a[None, None, None, :, 0] / share[:, :, None, None],
                             simt[None, None, None, :] / g[None, None, :, None])
             tm = tm / clock_factor(dev, eff)
-            passes = np.maximum(np.maximum(tm, tb), eff.launch_s).sum(axis=3)
-            for k, floor in enumerate(loop_ops):
-                pred[k, i] = r.batch / (passes + optimizer_s(shapes, dev, opt, replace(eff, loop_op_s=floor)))
-        err = np.sqrt(np.mean(np.log(pred / pub[None, :, None, None, None]) ** 2, axis=1))
-        ki, ui, ti, si = np.unravel_index(int(np.argmin(err)), err.shape)
-        if best is None or err[ki, ui, ti, si] < best[0]:
-            best = (float(err[ki, ui, ti, si]), replace(eff, tensor=float(g[ti]), simt=float(g[si]),
-                                                        turing=float(tv[ui]), loop_op_s=float(loop_ops[ki])))
+            passes = np.maximum(np.maximum(tm[None], tb[:, None, None, None, :]), eff.launch_s).sum(axis=4)
+            for j, c in enumerate(caps):
+                for k, floor in enumerate(loop_ops):
+                    key = (i, float(rel[j]), floor if opt == "bert_adam" else 0.0)
+                    if key not in opt_memo:
+                        opt_memo[key] = optimizer_s(shapes, dev, opt, replace(c, loop_op_s=floor))
+                    pred[k, j, i] = r.batch / (passes[j] + opt_memo[key])
+        err = np.sqrt(np.mean(np.log(pred / pub[None, None, :, None, None, None]) ** 2, axis=2))
+        ki, ci, ui, ti, si = np.unravel_index(int(np.argmin(err)), err.shape)
+        if best is None or err[ki, ci, ui, ti, si] < best[0]:
+            best = (float(err[ki, ci, ui, ti, si]),
+                    replace(eff, tensor=float(g[ti]), simt=float(g[si]), turing=float(tv[ui]),
+                            loop_op_s=float(loop_ops[ki]), sm_bytes=float(sm_bytes[ci])))
     return best[1]
 
 
