@@ -190,14 +190,15 @@ FP32_LANES_PER_SM = {(6, 0): 64, (7, 0): 64, (7, 5): 64, (8, 0): 64}
 
 def sm_cycles_per_s(dev: Device) -> float:
     """SMs x boost clock, from the FP32 peak: 2 FLOPs per lane per cycle."""
-    return dev.peak_fp32_flops / (2 * FP32_LANES_PER_SM.get(tuple(dev.compute_capability), 128))
+    return dev.peak_fp32_flops / (2 * FP32_LANES_PER_SM.get(dev.compute_capability, 128))
 
 
 def mem_rate(dev: Device, eff: Efficiency = EFFICIENCY) -> float:
     """Bytes/s that memory-bound kernels sustain: `Efficiency.mem` of the DRAM bandwidth, capped at
-    `Efficiency.sm_bytes` per SM per boost cycle."""
+    `Efficiency.sm_bytes` per SM per boost cycle (no cap where the device has no FP32 peak to count SMs by)."""
     rate = dev.mem_bw_bps * eff.mem
-    return min(rate, eff.sm_bytes * sm_cycles_per_s(dev)) if eff.sm_bytes > 0 else rate
+    cap = eff.sm_bytes * sm_cycles_per_s(dev)
+    return min(rate, cap) if cap > 0 else rate
 
 
 def clock_factor(dev: Device, eff: Efficiency = EFFICIENCY) -> float:
