@@ -25,7 +25,8 @@ is held out and only validates."""
 HELD_OUT_SOURCES = frozenset({"L22", "L24"})
 """Sources held out whole, whatever the GPU: Lambda's 2022 tables (an older container, NGC 21.07) came
 after the fit and validate it on the users' own older GPUs (GTX 1080 Ti, RTX 2080 Ti) and on a second
-software version of the fit GPUs."""
+software version of the fit GPUs; Lambda's v2 tables (L24: H100 PCIe, H100 SXM, H200) were collected
+after the fit too and were first predicted blind (README, "Lambda's v2 tables")."""
 BERT_LARGE = dict(causal=False, vocab_size=30522, d_model=1024, n_layer=24, n_head=16)
 
 
