@@ -4,9 +4,18 @@ input against them before torch loads)."""
 from __future__ import annotations
 
 REPEATS = 2
-"""Real runs of a plan, executed or calibration, unless `--repeats` says otherwise: with two or more,
-up to three more while no two agree within the noise floor (`hetsim.reporting.decision.NOISE_FLOOR_REL`),
-and the mean of the two that agree best kept (`hetsim.search.realruns.repeated_runs`, `consensus`)."""
+"""Real runs of an executed plan unless `--repeats` says otherwise: with two or more, up to three more
+while no two agree within the noise floor (`hetsim.reporting.decision.NOISE_FLOOR_REL`), and the median
+of the runs kept (`hetsim.search.realruns.repeated_runs`, `consensus`)."""
+
+CALIB_REPEATS = 4
+"""Real runs of a calibration plan unless `--calib-repeats` says otherwise (more while no two agree, the
+median kept, as for executed plans).  Four, because a term is read once and then moves every prediction
+of its family, and a run's noise is independent of the next's: the 1,512 pass residuals of the
+2026-12-04..07 bench runs (resnet18@64, each pass's log step from its plan's mean) put one run's noise
+at 2.9 % (sd), and resampling them, two recordings' terms read a median 2.05 % apart with two runs and
+the mean of the two that agree best (the rule until 2026-12-07, which gains nothing from more runs:
+2.10 % with four), 1.90 % with the median of two, 1.45 % with the median of four (results/README.md)."""
 
 MORE_RUNS = 3
 """Runs beyond `--repeats` that a plan gets while no two of its runs agree within the noise floor."""

@@ -8,7 +8,7 @@ import re
 import sys
 
 from hetsim.errors import HetsimError, UnknownNameError, shown
-from hetsim.names import OPTIMIZERS, PRECISIONS, REPEATS
+from hetsim.names import CALIB_REPEATS, OPTIMIZERS, PRECISIONS, REPEATS
 
 from .options import DEFAULT_OUT, DEFAULT_PRECISIONS
 
@@ -24,7 +24,8 @@ LIMITS: dict[str, tuple[int | float, str]] = {
     "--top-k": (100, "each is a real run of up to --timeout seconds"),
     "--steps": (10_000, "timed steps of each real run; a median settles within tens"),
     "--warmup": (1_000, "untimed steps of each real run"),
-    "--repeats": (10, "real runs of each shortlisted plan and calibration plan"),
+    "--repeats": (10, "real runs of each shortlisted plan"),
+    "--calib-repeats": (10, "real runs of each calibration plan"),
     "--timeout": (86_400.0, "one day per real run"),
     "--jobs": (64, "search worker processes on this machine"),
 }
@@ -156,9 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timed steps per real run (the median is reported; shared CPUs drift by ~10%%)")
     p.add_argument("--warmup", type=positive_int("--warmup"), default=3, help="untimed steps (at least 2: step 1 measures memory)")
     p.add_argument("--repeats", type=positive_int("--repeats"), default=REPEATS,
-                   help="real runs of each shortlisted plan and of each calibration plan, and up to 3 more while "
-                        "no two agree within the noise floor; the mean of the two that agree best is reported, "
-                        "every run is kept (default %(default)s; 1: one run)")
+                   help="real runs of each shortlisted plan, and up to 3 more while no two agree within the noise "
+                        "floor; their median is reported, every run is kept (default %(default)s; 1: one run)")
+    p.add_argument("--calib-repeats", type=positive_int("--calib-repeats"), default=CALIB_REPEATS,
+                   help="real runs of each calibration plan, and up to 3 more while no two agree; each term is "
+                        "solved on their median (default %(default)s; 1: one run, about a quarter of the "
+                        "calibration time; terms already recorded are reused)")
     p.add_argument("--timeout", type=positive_float("--timeout"), default=300.0, help="seconds per real run")
     p.add_argument("--storage", type=text_value("--storage"), default=None,
                    help="where the study is kept: journal:PATH (Optuna's journal file, several writers) or an "
@@ -252,7 +256,7 @@ def resolve(args, console):
     launch = Launch(nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint)
     return Options(model=args.model, cluster=cluster, workload=wl, global_batch=args.global_batch, strategies=names,
                    trials=args.trials, top_k=args.top_k, steps=args.steps, warmup=args.warmup,
-                   repeats=args.repeats,
+                   repeats=args.repeats, calib_repeats=args.calib_repeats,
                    timeout_s=args.timeout, storage=storage, jobs=args.jobs, study=study, out=out, execute=not args.no_execute,
                    seed=args.seed, reprofile=args.reprofile, precisions=precisions,
                    min_local_batch=args.min_local_batch, checkpointing=not args.no_checkpointing, launch=launch,

@@ -20,7 +20,7 @@ from hetsim.strategies.zero import ZeRO, ZeROPlan
 from hetsim.errors import InfeasiblePlanError
 from hetsim.hardware.cluster import Cluster
 from hetsim.model.costmodel import CostModel
-from hetsim.names import REPEATS
+from hetsim.names import CALIB_REPEATS
 from hetsim.profiling.obtain import Say
 from hetsim.profiling.store import (
     ModelProfile,
@@ -39,7 +39,7 @@ SMALL_BATCH_PER_DEVICE = 4
 
 
 def calibrate_dataparallel(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say, zero: bool,
-                           repeats: int = REPEATS, global_batch: int | None = None,
+                           repeats: int = CALIB_REPEATS, global_batch: int | None = None,
                            precisions: tuple[str, ...] = ()) -> ProfileSet:
     """Every whole-cluster data-parallel term these profiles lack: the uniform and balanced data-parallel
     steps and, with `zero`, the ZeRO-3, ZeRO-2, ZeRO-1 and one-device offload steps; then the uniform and
@@ -107,7 +107,7 @@ def lacks_term(profiles: ProfileSet, field: str, key: str) -> bool:
 
 
 def calibrate_sync(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
-                   repeats: int = REPEATS, global_batch: int | None = None, precision: str = "fp32") -> ProfileSet:
+                   repeats: int = CALIB_REPEATS, global_batch: int | None = None, precision: str = "fp32") -> ProfileSet:
     """Run the uniform data-parallel step on the whole cluster once and record what the simulated
     gradient synchronisation misses (contention between ranks, gloo progress), per model kind; a low
     `precision` runs the step in it and records its own term."""
@@ -125,7 +125,7 @@ for its own data-parallel run (identical devices: none)."""
 
 
 def calibrate_sync_balanced(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
-                            repeats: int = REPEATS, global_batch: int | None = None,
+                            repeats: int = CALIB_REPEATS, global_batch: int | None = None,
                             precision: str = "fp32") -> ProfileSet:
     """Run the data-parallel step at the split that balances the devices (the search's own solver,
     `balance_batch`, at the uniform plan's batch) and record its residual beside the uniform one's,
@@ -200,7 +200,7 @@ def term_for(real: float, predicted: Callable[[float], float], tol: float = 1e-4
 
 
 def calibrate_sharded(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
-                      repeats: int = REPEATS, global_batch: int | None = None) -> ProfileSet:
+                      repeats: int = CALIB_REPEATS, global_batch: int | None = None) -> ProfileSet:
     """Run the uniform FSDP (ZeRO-3) step on the whole cluster once and record what its simulation
     misses beyond the data-parallel synchronisation term (on CPU: gloo all-gathers that re-gather
     each block in backward while the peer rank computes; measured 26-40% slower than simulated)."""
@@ -212,7 +212,7 @@ def calibrate_sharded(cluster: Cluster, workload, profiles: ProfileSet, root: Pa
 
 
 def calibrate_zero2(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
-                    repeats: int = REPEATS, global_batch: int | None = None) -> ProfileSet:
+                    repeats: int = CALIB_REPEATS, global_batch: int | None = None) -> ProfileSet:
     """Run the uniform ZeRO-2 step (FSDP2 keeping gathered parameters from forward to backward) on the
     whole cluster once and record what its simulation misses beyond the data-parallel term: on CPU
     ranks its per-block collectives cost about what ZeRO-3's do (vit@tiny@32 on the default cluster:
@@ -225,7 +225,7 @@ def calibrate_zero2(cluster: Cluster, workload, profiles: ProfileSet, root: Path
 
 
 def calibrate_zero1(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
-                    repeats: int = REPEATS, global_batch: int | None = None) -> ProfileSet:
+                    repeats: int = CALIB_REPEATS, global_batch: int | None = None) -> ProfileSet:
     """Run the uniform ZeRO-1 step (DDP + ZeroRedundancyOptimizer) on the whole cluster once and record
     what its simulation misses beyond the data-parallel term (bert@tiny@64: predicted 15-19 % fast without it,
     when ZeroRedundancyOptimizer still broadcast one tensor at a time)."""
@@ -237,7 +237,7 @@ def calibrate_zero1(cluster: Cluster, workload, profiles: ProfileSet, root: Path
 
 
 def calibrate_offload_single(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
-                             repeats: int = REPEATS, global_batch: int | None = None) -> ProfileSet:
+                             repeats: int = CALIB_REPEATS, global_batch: int | None = None) -> ProfileSet:
     """Run ZeRO-3 with CPU offload on the fastest device alone (the search's global batch, accumulated
     in 2 or 4 micro-steps where it does not fit at once) and record what its simulation misses
     (`ModelProfile.offload_single_s`), which every one-device ZeRO-2/3 offload plan on a device of that
@@ -273,7 +273,7 @@ def _offload_single_plan(cost: CostModel, dev: int, global_batch: int | None) ->
 
 
 def _calibrate_uniform(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say, strat, field: str,
-                       what: str, fallback: str, zero_stage: int | None = None, repeats: int = REPEATS,
+                       what: str, fallback: str, zero_stage: int | None = None, repeats: int = CALIB_REPEATS,
                        global_batch: int | None = None, precision: str = "fp32") -> ProfileSet:
     """Real runs of `strat`'s uniform plan (at `zero_stage` when given, in `precision`) on the whole cluster
     (`uniform_plan`); its measured minus simulated step is stored in each model profile's `field`

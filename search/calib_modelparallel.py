@@ -14,7 +14,7 @@ from hetsim.strategies.pipeline import Pipeline
 from hetsim.errors import InfeasiblePlanError
 from hetsim.hardware.cluster import Cluster
 from hetsim.model.costmodel import CostModel
-from hetsim.names import REPEATS, min_samples_per_micro_batch
+from hetsim.names import CALIB_REPEATS, min_samples_per_micro_batch
 from hetsim.profiling.hostspeed import profile_ref
 from hetsim.profiling.obtain import Say
 from hetsim.profiling.store import (
@@ -137,7 +137,7 @@ def calibration_multi_stage_plans(cost, global_batch: int, min_micro: int, preci
 
 
 def calibrate_pipeline(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say,
-                       global_batch: int, repeats: int = REPEATS, precisions: Sequence[str] = ()) -> ProfileSet:
+                       global_batch: int, repeats: int = CALIB_REPEATS, precisions: Sequence[str] = ()) -> ProfileSet:
     """Run short real pipelines on the whole cluster (each twice, more while no two agree:
     `robust_step_s`) and record the per-compute-action residual (per micro-batch size: `fit_action_residual`,
     like `calibrate_residual` per data-parallel micro-step) that makes their simulated steps equal the
@@ -271,7 +271,7 @@ PP_TP_MICROBATCHES = 2
 
 
 def calibrate_tp(cluster: Cluster, workload, profiles: ProfileSet, root: Path, say: Say, global_batch: int,
-                 delta: float = 1e-3, repeats: int = REPEATS) -> ProfileSet:
+                 delta: float = 1e-3, repeats: int = CALIB_REPEATS) -> ProfileSet:
     """Short real tensor-parallel steps, one per kind of tensor group the search can form (transformer
     workloads): over the whole cluster as one group (2, 4 or 8 devices), DTensor's even shards with
     and without sequence parallelism, and the solved per-rank slices; and, on 4 or 8 devices, each

@@ -14,10 +14,11 @@ module runs them all and measures the single-device terms itself.  A search meas
 families it runs (`ProfileRequest.strategies`) and the data-parallel one its baseline needs.  The
 profiles step before it is `hetsim.search.profiles`.
 
-Every term rests on `--repeats` real runs of its plan (`ProfileRequest.repeats`, default two, and a
-third when those two disagree by more than the noise floor: `hetsim.search.realruns.robust_step_s`): one run that fell into a
-slow phase of the host had moved the data-parallel term by 0.16 s between two recordings made back to
-back.
+Every term rests on `--calib-repeats` real runs of its plan (`ProfileRequest.repeats`, default four, and
+more while no two agree within the noise floor), of which it keeps the median
+(`hetsim.search.realruns.robust_step_s`): one run that fell into a slow phase of the host had moved the
+data-parallel term by 0.16 s between two recordings made back to back, and a term's runs scatter by about
+3 % each (`hetsim.names.CALIB_REPEATS`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from hetsim.strategies.helpers import trains_in
 from hetsim.execution.warm import warm_launches
 from hetsim.hardware.cluster import Cluster
 from hetsim.model.costmodel import LOW_PRECISION_SKIP, CostModel, precision_problem
-from hetsim.names import REPEATS
+from hetsim.names import CALIB_REPEATS
 from hetsim.profiling.obtain import (
     ProfileRequest,
     Say,
@@ -50,7 +51,7 @@ from hetsim.types import Fit
 
 from .calib_dataparallel import calibrate_dataparallel, calibrate_offload_single
 from .calib_modelparallel import calibrate_pipeline, calibrate_tp
-from .realruns import robust_step_s
+from .realruns import robust_step_s, taken_in_turn
 
 RESIDUAL = "calib_residual_s"
 """The single-device term's key in `ModelProfile.calib_failed` when its run failed."""
@@ -111,31 +112,35 @@ def pipeline_precisions(cluster: Cluster, profiles: ProfileSet, precisions) -> t
 
 
 def calibrate_devices(cluster: Cluster, workload, profiles: ProfileSet, req: ProfileRequest, say: Say) -> ProfileSet:
-    """The single-device residual of every model profile whose kind has a real device here and
-    that has none yet (a failed run is remembered: `--reprofile` measures again)."""
+    """The single-device terms of every model profile whose kind has a real device here and that has
+    none yet (a failed run is remembered: `--reprofile` measures again): the residual in fp32 and in each
+    low precision, and the speed of each slowed emulated device.  Their runs are taken in turn first
+    (`taken_in_turn`: each plan's runs minutes apart, not back to back in one phase of the host), then each
+    term is solved on its own runs.  Two recordings made back to back (resnet18@64, 2026-12-07, four runs
+    back to back) had read the slowed device's speed term 1.075 and 1.028; over the 16 earlier pairs of
+    recordings the term's two readings differed by 0.1-9.2 %."""
     sizes = micro_batch_sizes(req.global_batch, len(cluster.devices))
     models = dict(profiles.models)
     for kind, prof in profiles.models.items():
         dev = next((d for d in cluster.devices if d.kind == kind and d.backend != "catalog"), None)
         if dev is None:
             continue
-        if prof.calib_residual_s is None and RESIDUAL not in prof.calib_failed:
-            prof = calibrate_residual(dev, workload, prof, profiles.devices[kind], sizes, say, repeats=req.repeats)
-            save(prof, model_profile_path(req.root, kind, workload.spec))
-        for prec in low_precisions(dev, req.precisions):
-            if (precision_problem(prof, prec)  # refused plans (BatchNorm under CPU autocast): none to correct
-                    or prec in prof.calib_residual_low_s or f"{RESIDUAL}:{prec}" in prof.calib_failed):
-                continue
-            slower = slowdown(prof, prec)
-            if slower > LOW_PRECISION_SKIP:
-                say(f"not calibrating {kind} in {prec}: its blocks take {slower:.1f}x their fp32 time in the profiles, "
-                    f"so its plans keep the fp32 residual")
-                continue
-            prof = calibrate_residual(dev, workload, prof, profiles.devices[kind], sizes, say, repeats=req.repeats,
-                                      precision=prec)
-            save(prof, model_profile_path(req.root, kind, workload.spec))
-        for slow in slowed_devices(cluster, kind):
-            if group_key([slow]) not in prof.speed_scale and f"{SPEED}:{group_key([slow])}" not in prof.calib_failed:
+        fp32 = prof.calib_residual_s is None and RESIDUAL not in prof.calib_failed
+        lows = _lows_to_calibrate(dev, prof, req.precisions, say)
+        slows = [d for d in slowed_devices(cluster, kind)
+                 if group_key([d]) not in prof.speed_scale and f"{SPEED}:{group_key([d])}" not in prof.calib_failed]
+        plans = ([*residual_plans(dev, sizes, "fp32")] if fp32 else []) + [
+            p for prec in lows for p in residual_plans(dev, sizes, prec)] + [speed_plan(d, sizes) for d in slows]
+        with taken_in_turn(plans, cluster=None, workload=workload, ref_probe_s=prof.probe_s, steps=SINGLE_STEPS,
+                           say=say, repeats=req.repeats):
+            if fp32:
+                prof = calibrate_residual(dev, workload, prof, profiles.devices[kind], sizes, say, repeats=req.repeats)
+                save(prof, model_profile_path(req.root, kind, workload.spec))
+            for prec in lows:
+                prof = calibrate_residual(dev, workload, prof, profiles.devices[kind], sizes, say, repeats=req.repeats,
+                                          precision=prec)
+                save(prof, model_profile_path(req.root, kind, workload.spec))
+            for slow in slows:
                 prof = calibrate_speed(slow, workload, prof, profiles.devices[kind], sizes, say, repeats=req.repeats)
                 save(prof, model_profile_path(req.root, kind, workload.spec))
         if (workload.batch_coupled and prof.grad_cache_residual_s is None and GC_RESIDUAL not in prof.calib_failed
@@ -149,6 +154,24 @@ def calibrate_devices(cluster: Cluster, workload, profiles: ProfileSet, req: Pro
             save(prof, model_profile_path(req.root, kind, workload.spec))
         models[kind] = prof
     return replace(profiles, models=models)
+
+
+def _lows_to_calibrate(dev, prof: ModelProfile, precisions, say: Say) -> list[str]:
+    """The low precisions whose single-device residual `dev`'s kind still lacks and can be calibrated: not
+    refused by the profile (BatchNorm under CPU autocast: no plans to correct), not recorded or failed
+    already, and not so slow in the profiles that its plans keep the fp32 residual (said so)."""
+    out = []
+    for prec in low_precisions(dev, precisions):
+        if (precision_problem(prof, prec) or prec in prof.calib_residual_low_s
+                or f"{RESIDUAL}:{prec}" in prof.calib_failed):
+            continue
+        slower = slowdown(prof, prec)
+        if slower > LOW_PRECISION_SKIP:
+            say(f"not calibrating {prof.device_kind} in {prec}: its blocks take {slower:.1f}x their fp32 time in the "
+                f"profiles, so its plans keep the fp32 residual")
+            continue
+        out.append(prec)
+    return out
 
 
 def slowdown(prof: ModelProfile, precision: str) -> float:
@@ -173,6 +196,27 @@ def _one_device(device, speed: float = 1.0) -> Cluster:
                    devices=(one_dev,))
 
 
+SINGLE_STEPS = 10
+"""Timed steps of each single-device calibration run."""
+
+
+def residual_plans(device, sizes, precision: str = "fp32") -> list[tuple[str, DDPPlan, Cluster]]:
+    """(label, plan, its one-device cluster) of the single-device residual's runs in `precision`: the
+    data-parallel step on `device` alone at a middle and at the largest micro-batch size."""
+    tag = "" if precision == "fp32" else f" in {precision}"
+    batches = sorted({int(sizes[len(sizes) // 2 - 1] if len(sizes) > 2 else sizes[0]), int(sizes[-1])})
+    one = _one_device(device)
+    return [(f"real single-device step at batch {b}{tag}", DDPPlan(devices=(0,), local_batch=(b,), precision=precision),
+             one) for b in batches]
+
+
+def speed_plan(device, sizes) -> tuple[str, DDPPlan, Cluster]:
+    """(label, plan, its one-device cluster) of a slowed emulated device's speed term: the single-device
+    step at the largest micro-batch, at the device's own speed."""
+    return (f"real single-device step at batch {int(sizes[-1])} at speed {device.speed:g}",
+            DDPPlan(devices=(0,), local_batch=(int(sizes[-1]),)), _one_device(device, speed=device.speed))
+
+
 def slowed_devices(cluster: Cluster, kind: str) -> list:
     """One emulated device of `kind` per relative speed below 1 in the cluster (`calibrate_speed`)."""
     found = {}
@@ -183,13 +227,12 @@ def slowed_devices(cluster: Cluster, kind: str) -> list:
 
 
 def calibrate_speed(device, workload, prof: ModelProfile, dev_prof: DeviceProfile, sizes, say: Say,
-                    repeats: int = REPEATS) -> ModelProfile:
+                    repeats: int = CALIB_REPEATS) -> ModelProfile:
     """Run the real single-device step at the largest micro-batch on this slowed emulated device, at its
     own speed, and record how much slower its compute really runs than 1/speed of the profile says
     (`ModelProfile.speed_scale`, solved on the step's simulation, which is linear in it)."""
     key = group_key([device])
-    one = _one_device(device, speed=device.speed)
-    plan = DDPPlan(devices=(0,), local_batch=(int(sizes[-1]),))
+    _, plan, one = speed_plan(device, sizes)
 
     def predicted(scale: float) -> float:
         at = replace(prof, speed_scale={key: scale})
@@ -198,8 +241,8 @@ def calibrate_speed(device, workload, prof: ModelProfile, dev_prof: DeviceProfil
         return DDP().predict(plan, cost)[0].step_time_s
 
     say(f"calibrating {prof.device_kind} at speed {device.speed:g}: real single-device step at batch {sizes[-1]}")
-    m, real = robust_step_s(plan, cluster=one, workload=workload, ref_probe_s=prof.probe_s, steps=10, say=say,
-                            repeats=repeats)
+    m, real = robust_step_s(plan, cluster=one, workload=workload, ref_probe_s=prof.probe_s, steps=SINGLE_STEPS,
+                            say=say, repeats=repeats)
     if real is None:
         say(f"calibration run failed ({m.status}); plans on that device keep 1/speed of the profile")
         return replace(prof, calib_failed={**prof.calib_failed, f"{SPEED}:{key}": m.status})
@@ -214,7 +257,7 @@ def low_precisions(device, precisions) -> list[str]:
 
 
 def calibrate_residual(device, workload, prof: ModelProfile, dev_prof: DeviceProfile, sizes, say: Say,
-                       repeats: int = REPEATS, precision: str = "fp32") -> ModelProfile:
+                       repeats: int = CALIB_REPEATS, precision: str = "fp32") -> ModelProfile:
     """Run the real data-parallel executor on one device of this kind at two batch sizes in `precision`
     and fit what the isolated block timings miss (measured step - predicted step), per micro-step:
     `calib_residual_s` for fp32, `calib_residual_low_s[precision]` otherwise (each against the bare
@@ -223,12 +266,11 @@ def calibrate_residual(device, workload, prof: ModelProfile, dev_prof: DevicePro
     bare = replace(prof, calib_residual_s=None, calib_residual_low_s={})
     cost = CostModel(one, ProfileSet(models={prof.device_kind: bare}, devices={prof.device_kind: dev_prof}),
                      workload.optimizer)
-    xs = [float(b) for b in sorted({sizes[len(sizes) // 2 - 1] if len(sizes) > 2 else sizes[0], sizes[-1]})]
+    plans = residual_plans(device, sizes, precision)
+    xs = [float(plan.local_batch[0]) for _, plan, _ in plans]
     tag = "" if precision == "fp32" else f" in {precision}"
-    ys, failed = _single_device_gaps(
-        [(DDPPlan(devices=(0,), local_batch=(int(b),), precision=precision),
-          f"real single-device step at batch {int(b)}{tag}") for b in xs],
-        one, cost, workload, prof, say, repeats)
+    ys, failed = _single_device_gaps([(plan, label) for label, plan, _ in plans], one, cost, workload, prof, say,
+                                     repeats)
     if failed is not None:
         say(f"calibration run failed ({failed}); keeping the uncalibrated block model{tag}")
         key = RESIDUAL if precision == "fp32" else f"{RESIDUAL}:{precision}"
@@ -249,8 +291,8 @@ def _single_device_gaps(plans: list[tuple[DDPPlan, str]], one: Cluster, cost: Co
         pred = DDP().predict(plan, cost)[0].step_time_s
         say(f"calibrating {prof.device_kind}: {label}")
         # One local device: never a multi-node rendezvous.
-        m, real = robust_step_s(plan, cluster=one, workload=workload, ref_probe_s=prof.probe_s, steps=10, say=say,
-                                repeats=repeats)
+        m, real = robust_step_s(plan, cluster=one, workload=workload, ref_probe_s=prof.probe_s, steps=SINGLE_STEPS,
+                                say=say, repeats=repeats)
         if real is None:
             return gaps, m.status
         gaps.append(real - pred)
@@ -258,7 +300,7 @@ def _single_device_gaps(plans: list[tuple[DDPPlan, str]], one: Cluster, cost: Co
 
 
 def calibrate_grad_cache(device, workload, prof: ModelProfile, dev_prof: DeviceProfile, locals_: list[int],
-                         say: Say, repeats: int = REPEATS) -> ModelProfile:
+                         say: Say, repeats: int = CALIB_REPEATS) -> ModelProfile:
     """Run the real single-device gradient-cache step of each of `locals_` samples in the most chunks
     the search offers and fit what the block timings miss per chunk, vs chunk size
     (`ModelProfile.grad_cache_residual_s`).  A chunk runs twice (no graph, then with its embedding

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hetsim.names import REPEATS
+from hetsim.names import CALIB_REPEATS, REPEATS
 
 if TYPE_CHECKING:  # annotations only: the CLI imports this module for --help, before torch
     from hetsim.execution.runner import Launch
@@ -35,6 +35,8 @@ class Options:
     warmup: int
     repeats: int = REPEATS
     """Real runs of each shortlisted plan (more while no two agree): `realruns.run_plan`."""
+    calib_repeats: int = CALIB_REPEATS
+    """Real runs of each calibration plan (more while no two agree): `ProfileRequest.repeats`."""
     timeout_s: float
     storage: str | None
     jobs: int = 1
@@ -61,7 +63,7 @@ class Options:
 
         return ProfileRequest(root=self.out, global_batch=self.global_batch, precisions=self.precisions,
                               reprofile=self.reprofile, launch=self.launch, strategies=self.strategies,
-                              repeats=self.repeats)
+                              repeats=self.calib_repeats)
 
 
 DEFAULT_PRECISIONS = ("fp32", "bf16")

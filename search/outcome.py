@@ -102,7 +102,7 @@ def notes(study: optuna.Study, plans: Shortlist, found: list[Candidate], ctx: Se
     if repeated:
         spread = max(max(r.measured.runs_at_probe) / min(r.measured.runs_at_probe) - 1 for r in repeated)
         out.append(f"each executed plan ran {opts.repeats} times (more, up to {opts.repeats + MORE_RUNS}, while no two "
-                   f"agreed within {NOISE_FLOOR_REL:.0%}; the two that agree best are reported, averaged); the runs of "
+                   f"agreed within {NOISE_FLOOR_REL:.0%}; their median is reported); the runs of "
                    "one plan differed by up to "
                    f"{spread:.1%} at one host speed (every run: runs_at_probe in summary.json)")
     return out

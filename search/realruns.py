@@ -1,5 +1,5 @@
 """The real-runs step: every shortlisted plan runs through torchrun's launcher (`--repeats` times, the
-runs that agree kept) once per study; a measurement is stored in the study as it finishes, so a resumed
+median run kept) once per study; a measurement is stored in the study as it finishes, so a resumed
 study never runs the same plan again.
 
 Local runs go through the warm launcher, as calibration's do (`hetsim.execution.warm`: torchrun's
@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from hetsim.execution.runner import measure
 from hetsim.execution.warm import warm_launches
 from hetsim.hardware.cluster import Cluster
-from hetsim.names import MORE_RUNS, REPEATS
+from hetsim.names import CALIB_REPEATS, MORE_RUNS
 from hetsim.profiling.obtain import Say
 from hetsim.reporting import report
 from hetsim.reporting.decision import NOISE_FLOOR_REL
@@ -91,7 +91,8 @@ def repeated_runs(run: Callable[[int], Measurement], repeats: int, at: Callable[
                   on_disagree: Callable[[float, float], None] | None = None) -> list[Measurement]:
     """The real runs of one plan, `run(k)` making the k-th: `repeats` of them and, with two or more, more
     (up to `MORE_RUNS`) while no two agree (by `at`, a step time at one host speed) within the noise floor
-    (`NOISE_FLOOR_REL`), so that runs caught in slow phases of a shared host are out-voted (`consensus`).
+    (`NOISE_FLOOR_REL`), so that runs caught in slow phases of a shared host are out-voted (`consensus`, the
+    median).
     gpt@tiny@64, 2026-12-03: a ddp plan's three runs read 11.5, 9.9 and 17.8 probe times; their median
     made it 19 % slower than predicted.  Stops at a failing run, which is then the last.  Shared by the
     executed plans and calibration (`robust_step_s`)."""
@@ -126,28 +127,34 @@ def runs_in_turn(runs: list[Callable[[int], Measurement]], repeats: int, at: Cal
 
 
 def agreeing(vals: list[float]) -> list[int]:
-    """Which of a plan's runs give its one value: all of one or two, and of more the two that agree best
-    (what the host gives when nothing interferes; a run that drifted either way does not move it)."""
+    """Which of a plan's runs give its one value: the middle one of an odd number, the middle two of an
+    even number (all of one or two), so that their mean is the runs' median.  A run that drifted either
+    way does not move it, and every run counts towards which are in the middle.  Until 2026-12-07 the two
+    that agree best were kept; resampling the bench's pass residuals (`hetsim.names.CALIB_REPEATS`), that
+    rule read two recordings' terms 2.05 % apart with two runs and 2.10 % with four, the median 1.90 and
+    1.45 %."""
     if len(vals) <= 2:
         return list(range(len(vals)))
     order = sorted(range(len(vals)), key=vals.__getitem__)
-    return list(min(zip(order, order[1:]), key=lambda p: vals[p[1]] / vals[p[0]]))
+    mid = len(vals) // 2
+    return sorted(order[mid - 1:mid + 1] if len(vals) % 2 == 0 else order[mid:mid + 1])
 
 
 def _closest_gap(vals: list[float]) -> float:
-    i, j = sorted(agreeing(vals), key=vals.__getitem__)
-    return vals[j] / vals[i] - 1
+    """How far apart the two runs that agree best are (a fraction of the lower)."""
+    s = sorted(vals)
+    return min(b / a - 1 for a, b in zip(s, s[1:]))
 
 
 def consensus(vals: list[float]) -> float:
-    """One value of a plan's runs: the mean of the `agreeing` ones."""
+    """One value of a plan's runs: their median (the mean of the `agreeing` ones)."""
     return statistics.fmean(vals[i] for i in agreeing(vals))
 
 
 def robust_step_s(plan, *, cluster: Cluster, workload, ref_probe_s: float, steps: int, say: Say,
-                  timeout_s: float = 600, repeats: int = REPEATS):
+                  timeout_s: float = 600, repeats: int = CALIB_REPEATS):
     """(last measurement, step time at the profiles' host speed or None): the real runs of `plan`
-    (`repeated_runs`: the search's --repeats, more while no two agree) and their `consensus`.  None when
+    (`repeated_runs`: the search's --calib-repeats, more while no two agree) and their `consensus`.  None when
     a run fails (the failing measurement says why)."""
     runs = _TAKEN.pop(_taken_key(plan, cluster), None)
     if runs is None:
@@ -176,37 +183,38 @@ def _taken_key(plan, cluster: Cluster | None) -> tuple[str, str]:
 
 
 @contextlib.contextmanager
-def taken_in_turn(plans: list[tuple[str, object]], *, cluster: Cluster, workload, ref_probe_s: float, steps: int,
-                  say: Say, timeout_s: float = 600, repeats: int = REPEATS):
-    """Run the calibration plans ((label, plan)) of several terms in turn (`runs_in_turn`) before the terms
-    are solved one after the other: inside the block, `robust_step_s` of one of them reads its runs
-    instead of running it.  Two recordings made back to back on this host (resnet18@64, 2026-12-05) had
-    measured ZeRO-3/2/1 terms of 124/54/23 and 59/-13/-12 ms beside data-parallel terms of 48 and 51 ms:
-    each term's runs, back to back, agreed within 5 %, and the host's collectives had changed speed
-    between one term's runs and the next."""
-    if len(plans) > 1:
-        say(f"calibration runs of {len(plans)} plans taken in turn, {repeats} rounds: "
-            + "; ".join(label for label, _ in plans))
+def taken_in_turn(plans: list[tuple], *, cluster: Cluster | None, workload, ref_probe_s: float, steps: int,
+                  say: Say, timeout_s: float = 600, repeats: int = CALIB_REPEATS):
+    """Run the calibration plans ((label, plan) on `cluster`, or (label, plan, its own cluster)) of several
+    terms in turn (`runs_in_turn`) before the terms are solved one after the other: inside the block,
+    `robust_step_s` of one of them reads its runs instead of running it.  Two recordings made back to back
+    on this host (resnet18@64, 2026-12-05) had measured ZeRO-3/2/1 terms of 124/54/23 and 59/-13/-12 ms
+    beside data-parallel terms of 48 and 51 ms: each term's runs, back to back, agreed within 5 %, and the
+    host's collectives had changed speed between one term's runs and the next."""
+    entries = [(p[0], p[1], p[2] if len(p) > 2 else cluster) for p in plans]
+    if len(entries) > 1:
+        say(f"calibration runs of {len(entries)} plans taken in turn, {repeats} rounds: "
+            + "; ".join(label for label, _, _ in entries))
         started = itertools.count(1)
         runs = runs_in_turn(
-            [lambda k, p=p: _calibration_run(p, cluster, workload, steps, timeout_s) for _, p in plans], repeats,
+            [lambda k, p=p, c=c: _calibration_run(p, c, workload, steps, timeout_s) for _, p, c in entries], repeats,
             at=lambda m: m.step_time_at(ref_probe_s),
-            on_disagree=lambda i, a, b: say(f"  {plans[i][0]}: the runs disagree ({a:.3f} to {b:.3f} s at the "
+            on_disagree=lambda i, a, b: say(f"  {entries[i][0]}: the runs disagree ({a:.3f} to {b:.3f} s at the "
                                             "profiles' host speed): one more"),
             # One line a run, as profiling prints one a micro-batch: these runs take minutes in all.
-            on_run=lambda i, k: say(f"  calibration run {next(started)} of {len(plans) * repeats}"
-                                    f"{' (one more)' if k >= repeats else ''}: {plans[i][0]} (round {k + 1})"))
-        _TAKEN.update({_taken_key(p, cluster): r for (_, p), r in zip(plans, runs)})
+            on_run=lambda i, k: say(f"  calibration run {next(started)} of {len(entries) * repeats}"
+                                    f"{' (one more)' if k >= repeats else ''}: {entries[i][0]} (round {k + 1})"))
+        _TAKEN.update({_taken_key(p, c): r for (_, p, c), r in zip(entries, runs)})
     try:
         yield
     finally:
-        for _, p in plans:
-            _TAKEN.pop(_taken_key(p, cluster), None)
+        for _, p, c in entries:
+            _TAKEN.pop(_taken_key(p, c), None)
 
 
 def combine_runs(runs: list[Measurement]) -> Measurement:
-    """One measurement of several ok runs of a plan: the `agreeing` runs' mean step (raw, and in probe
-    times: the host speed the report compares at), the first run's memory and timeline, every run's
+    """One measurement of several ok runs of a plan: the `agreeing` runs' mean step, i.e. the median run
+    (raw, and in probe times: the host speed the report compares at), the first run's memory and timeline, every run's
     step in probe times kept in `runs_at_probe`."""
     if len(runs) == 1:
         return runs[0]

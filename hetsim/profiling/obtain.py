@@ -20,7 +20,7 @@ from hetsim.errors import ProfileMismatchError
 from hetsim.execution.runner import Launch, commbench
 from hetsim.hardware.cluster import Cluster, Device
 from hetsim.hardware.hostalloc import steady_malloc
-from hetsim.names import REPEATS
+from hetsim.names import CALIB_REPEATS
 from hetsim.profiling.measure import device_fingerprint, profile_device, profile_model
 from hetsim.profiling.store import (
     CommProfile,
@@ -54,8 +54,8 @@ class ProfileRequest:
     """torchrun settings of the collective benchmark (multi-node runs)."""
     strategies: tuple[str, ...] | None = None
     """The families the search will run: calibration measures only their terms (None: every term)."""
-    repeats: int = REPEATS
-    """Real runs of each calibration plan (the search's --repeats; more while no two agree)."""
+    repeats: int = CALIB_REPEATS
+    """Real runs of each calibration plan (the search's --calib-repeats; more while no two agree)."""
 
 
 COUPLED_CHUNKS = (4, 8)

@@ -11,8 +11,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # Every CLI test in this folder that uses `seeded_out` shares these, so that the recorded
 # profile's fingerprint (model, micro-batch sizes, precisions) matches and nothing is re-measured.
 TINY = ["--model", "mlp", "--cluster", "emu:1.0@1G,0.5@1G", "--global-batch", "16", "--precisions", "fp32",
-        "--strategies", "ddp", "--steps", "2", "--warmup", "2", "--repeats", "1"]
-# One real run per plan and per calibration plan (--repeats 1): these tests check what the CLI does,
+        "--strategies", "ddp", "--steps", "2", "--warmup", "2", "--repeats", "1", "--calib-repeats", "1"]
+# One real run per plan and per calibration plan (--repeats 1 --calib-repeats 1): these tests check what the CLI does,
 # not accuracy; repeated runs are covered by tests/unit/test_repeated_runs.py and test_loop.py.
 
 

@@ -129,6 +129,8 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("warmup-huge", ["--warmup", "1001"], ["'1001'", "limit of 1,000"]),
     ("repeats-huge", ["--repeats", "11"], ["'11'", "limit of 10"]),
     ("repeats-zero", ["--repeats", "0"], ["'0'", "> 0"]),
+    ("calib-repeats-huge", ["--calib-repeats", "11"], ["'11'", "limit of 10"]),
+    ("calib-repeats-zero", ["--calib-repeats", "0"], ["'0'", "> 0"]),
     ("timeout-huge", ["--timeout", "1e9"], ["'1e9'", "limit of 86,400"]),
     ("timeout-tiny", ["--timeout", "1e-300"], ["'1e-300'", "below 1 second"]),
     ("image-size-huge-number", ["--image-size", "9" * 40], ["limit of 2,048"]),
@@ -142,7 +144,7 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     *[(f"empty{opt}", [opt, value], [f"{opt} {value!r}", "empty"])
       for opt in ("--model", "--cluster", "--strategies", "--storage", "--study", "--out", "--precisions",
                   "--optimizer", "--nnodes", "--rdzv-endpoint", "--global-batch", "--image-size", "--trials",
-                  "--top-k", "--steps", "--warmup", "--repeats", "--timeout", "--seed", "--min-local-batch", "--node-rank")
+                  "--top-k", "--steps", "--warmup", "--repeats", "--calib-repeats", "--timeout", "--seed", "--min-local-batch", "--node-rank")
       for value in ("",)],
     ("blank-cluster", ["--cluster", "   "], ["--cluster '   '", "empty"]),
     ("blank-model", ["--model", " \t"], ["empty"]),

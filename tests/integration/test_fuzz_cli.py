@@ -280,7 +280,7 @@ OPTIONS = {
                          TEXT.filter(lambda t: ":" not in t), EMPTYISH),  # no random module:function imports
     "--cluster": CLUSTER,
     "--global-batch": VALUE, "--image-size": VALUE, "--trials": VALUE, "--top-k": VALUE, "--steps": VALUE,
-    "--warmup": VALUE, "--repeats": VALUE, "--timeout": VALUE, "--seed": VALUE, "--min-local-batch": VALUE, "--node-rank": VALUE,
+    "--warmup": VALUE, "--repeats": VALUE, "--calib-repeats": VALUE, "--timeout": VALUE, "--seed": VALUE, "--min-local-batch": VALUE, "--node-rank": VALUE,
     "--strategies": st.one_of(st.lists(st.sampled_from(["ddp", "zero", "pipeline", "hybrid", "", "DDP", "x"]),
                                        max_size=3).map(",".join), TEXT, EMPTYISH),
     "--precisions": st.one_of(st.sampled_from(["fp32", "bf16", "fp16", "fp32,bf16", "fp8", ",", "fp32,,"]), TEXT),

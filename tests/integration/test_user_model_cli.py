@@ -21,7 +21,7 @@ def test_user_module_is_planned_and_run(fn, strategies, tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests" / "assets"), str(ROOT)]))
     argv = [sys.executable, "-m", "hetsim.search", "--model", f"user_models:{fn}", "--cluster", "emu:1.0@1G,0.5@1G",
             "--global-batch", "8", "--precisions", "fp32", "--strategies", strategies, "--trials", "12",
-            "--top-k", "1", "--steps", "2", "--warmup", "2", "--repeats", "1", "--out", str(tmp_path)]
+            "--top-k", "1", "--steps", "2", "--warmup", "2", "--repeats", "1", "--calib-repeats", "1", "--out", str(tmp_path)]
     p = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=2300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     summary = json.loads(next((tmp_path / "reports").glob("*/summary.json")).read_text())

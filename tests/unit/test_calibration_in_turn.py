@@ -40,7 +40,7 @@ def test_runs_in_turn_go_round_by_round_and_out_vote_per_plan():
     assert order == [0, 1, 2, 0, 1, 2, 1]  # two rounds, then a third run for the plan whose runs disagree
     assert announced == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1), (1, 2)]  # each run, as it starts
     assert disagreed == [1]
-    assert [realruns.consensus([m.step_time_s for m in r]) for r in runs] == pytest.approx([1.005, 1.495, 2.01])
+    assert [realruns.consensus([m.step_time_s for m in r]) for r in runs] == pytest.approx([1.005, 1.49, 2.01])  # medians
 
 
 def test_a_failing_plan_stops_alone():
@@ -87,3 +87,46 @@ def test_pending_plans_are_the_terms_own_plans(make_cost, gn_profile, monkeypatc
     assert [label.split()[0] for label, _ in plans] == ["ddp", "ddp", "zero3", "zero2", "zero1", "zero3"]
     assert plans[-1][1].offload and plans[-1][1].devices == (0,)
     assert calib_dataparallel.pending_plans(cost.cluster, gn_profile[0], cost.profiles, 16, zero=False) == plans[:2]
+
+
+def test_single_device_terms_run_in_turn_and_solve_on_their_own_runs(make_cost, gn_profile, tmp_path, monkeypatch):
+    """The fp32 residual's two batch sizes and the slowed device's speed: three plans, two rounds, the runs
+    A B C A B C, and each term solved on its own plan's runs (the full-speed and the slowed step at the
+    largest batch are one plan on two one-device clusters, each with its own runs)."""
+    from dataclasses import replace
+
+    from hetsim.model.costmodel import CostModel
+    from hetsim.profiling.obtain import micro_batch_sizes
+    from hetsim.profiling.store import ProfileSet, group_key
+
+    cost = make_cost("emu:1.0@4G,0.5@4G")
+    bare = {k: replace(m, calib_residual_s=None, calib_residual_low_s={}, speed_scale={}, calib_failed={})
+            for k, m in cost.profiles.models.items()}
+    profiles = ProfileSet(models=bare, devices=cost.profiles.devices)
+    slow = cost.cluster.devices[1]
+    _, plan, one = calibrate.speed_plan(slow, micro_batch_sizes(16, 2))
+    kind = next(iter(bare))
+    slowed = 1.2 * DDP().predict(plan, CostModel(one, profiles, cost.optimizer))[0].step_time_s
+    full = CostModel(calibrate.residual_plans(cost.cluster.devices[0], (2,))[0][2], profiles, cost.optimizer)
+    ran: list = []
+
+    def measure(plan, *, cluster, **k):
+        speed = cluster.devices[0].speed
+        n = sum(1 for p, s in ran if repr(p) == repr(plan) and s == speed)
+        ran.append((plan, speed))
+        step = DDP().predict(plan, full)[0].step_time_s if speed == 1.0 else slowed  # no residual at full speed
+        return Measurement(status="ok", step_time_s=step * (1 + 0.01 * n))
+
+    monkeypatch.setattr(realruns, "measure", measure)
+    req = ProfileRequest(root=tmp_path, global_batch=16, precisions=("fp32",), repeats=2)
+    said: list[str] = []
+    out = calibrate.calibrate_devices(cost.cluster, gn_profile[0], profiles, req, said.append)
+    assert len(ran) == 6
+    assert [(repr(p), s) for p, s in ran[:3]] == [(repr(p), s) for p, s in ran[3:]]  # round by round
+    assert [s for _, s in ran[:3]] == [1.0, 1.0, 0.5] and any("taken in turn" in s for s in said)
+    assert not realruns._TAKEN
+    prof = out.models[kind]
+    assert prof.calib_residual_s is not None and group_key([slow]) in prof.speed_scale
+    # The speed term makes the slowed device's step what its own two runs read (their median).
+    at = CostModel(one, ProfileSet(models={kind: prof}, devices=out.devices), cost.optimizer)
+    assert DDP().predict(plan, at)[0].step_time_s == pytest.approx(slowed * 1.005, rel=1e-6)

@@ -8,6 +8,7 @@ from hetsim.strategies.ddp import DDP, DDPPlan
 from hetsim.strategies.zero import ZeRO
 
 from hetsim.model.costmodel import CostModel
+from hetsim.names import CALIB_REPEATS
 from hetsim.profiling.store import group_key
 from hetsim.types import Measurement
 
@@ -35,11 +36,12 @@ def test_failed_uniform_calibration(make_cost, gn_profile, tmp_path, monkeypatch
         assert "not repeated" in said[-1] and "--reprofile" in said[-1]
 
 
-@pytest.mark.parametrize("steps, runs, kept", [((1.0, 1.02), 2, 1.01), ((1.0, 1.3, 1.04), 3, 1.02),
-                                               ((1.0, 1.3, 1.6, 1.29), 4, 1.295)])
-def test_calibration_runs_out_vote_an_outlier(monkeypatch, steps, runs, kept):
-    """Two runs, and more only while no two agree within the noise floor; the two that agree best are
-    kept (one run caught in a slow phase had moved the data-parallel term by 0.16 s)."""
+@pytest.mark.parametrize("steps, repeats, runs, kept", [((1.0, 1.02), 2, 2, 1.01), ((1.0, 1.3, 1.04), 2, 3, 1.04),
+                                                        ((1.0, 1.3, 1.6, 1.29), 2, 4, 1.295),
+                                                        ((1.0, 1.3, 1.04, 1.02), None, 4, 1.03)])
+def test_calibration_runs_out_vote_an_outlier(monkeypatch, steps, repeats, runs, kept):
+    """`--calib-repeats` runs (four unless given), and more only while no two agree within the noise floor;
+    their median is kept (one run caught in a slow phase had moved the data-parallel term by 0.16 s)."""
     seq = iter(steps)
     calls = []
 
@@ -49,10 +51,11 @@ def test_calibration_runs_out_vote_an_outlier(monkeypatch, steps, runs, kept):
 
     monkeypatch.setattr(realruns, "measure", fake_measure)
     said: list[str] = []
+    more = {} if repeats is None else {"repeats": repeats}
     _, step = realruns.robust_step_s(object(), cluster=None, workload=type("W", (), {"spec": "x", "optimizer": "sgd"}),
-                                      ref_probe_s=0.0, steps=10, say=said.append)
+                                      ref_probe_s=0.0, steps=10, say=said.append, **more)
     assert len(calls) == runs and step == pytest.approx(kept)
-    assert len(said) == runs - 2
+    assert len(said) == runs - (repeats or CALIB_REPEATS)
 
 
 def test_one_repeat_runs_each_calibration_plan_once(make_cost, gn_profile, tmp_path, monkeypatch):
@@ -377,7 +380,7 @@ def test_one_device_offload_term_makes_its_plan_step_as_measured(make_cost, gn_p
     said: list[str] = []
     profiles = calib_dataparallel.calibrate_offload_single(cost.cluster, gn_profile[0], cost.profiles, tmp_path,
                                                            said.append, global_batch=16)
-    assert [(p.devices, p.zero_stage, p.offload, p.local_batch) for p in runs] == [((1,), 3, True, (16,))] * 2
+    assert [(p.devices, p.zero_stage, p.offload, p.local_batch) for p in runs] == [((1,), 3, True, (16,))] * CALIB_REPEATS
     assert "one device" in said[0]
     after = CostModel(cost.cluster, profiles, cost.optimizer, has_batchnorm=cost.facts.has_batchnorm)
     zero = ZeRO()
@@ -393,7 +396,7 @@ def test_one_device_offload_term_makes_its_plan_step_as_measured(make_cost, gn_p
     # Recorded once: a later calibration reuses it.
     again = calib_dataparallel.calibrate_offload_single(cost.cluster, gn_profile[0], profiles, tmp_path, said.append,
                                                         global_batch=16)
-    assert len(runs) == 2 and again is profiles
+    assert len(runs) == CALIB_REPEATS and again is profiles
 
 
 def test_a_low_precision_far_slower_than_fp32_keeps_the_fp32_residual(gn_profile, tmp_path, monkeypatch):
