@@ -94,7 +94,7 @@ def repeated_runs(run: Callable[[int], Measurement], repeats: int, at: Callable[
     (`NOISE_FLOOR_REL`), so that runs caught in slow phases of a shared host are out-voted (`consensus`, the
     median).
     gpt@tiny@64, 2026-12-03: a ddp plan's three runs read 11.5, 9.9 and 17.8 probe times; their median
-    made it 19 % slower than predicted.  Stops at a failing run, which is then the last.  Shared by the
+    made it 19 % slower than predicted, and with a fourth run of about 10 it reads 10.8.  Stops at a failing run, which is then the last.  Shared by the
     executed plans and calibration (`robust_step_s`)."""
     return runs_in_turn([run], repeats, at, None if on_disagree is None else lambda i, lo, hi: on_disagree(lo, hi))[0]
 
