@@ -129,7 +129,7 @@ def calibrate_devices(cluster: Cluster, workload, profiles: ProfileSet, req: Pro
         lows = _lows_to_calibrate(dev, prof, req.precisions, say)
         slows = [d for d in slowed_devices(cluster, kind)
                  if group_key([d]) not in prof.speed_scale and f"{SPEED}:{group_key([d])}" not in prof.calib_failed]
-        plans = ([*residual_plans(dev, sizes, "fp32")] if fp32 else []) + [
+        plans = (residual_plans(dev, sizes, "fp32") if fp32 else []) + [
             p for prec in lows for p in residual_plans(dev, sizes, prec)] + [speed_plan(d, sizes) for d in slows]
         with taken_in_turn(plans, cluster=None, workload=workload, ref_probe_s=prof.probe_s, steps=SINGLE_STEPS,
                            say=say, repeats=req.repeats):
@@ -262,11 +262,11 @@ def calibrate_residual(device, workload, prof: ModelProfile, dev_prof: DevicePro
     and fit what the isolated block timings miss (measured step - predicted step), per micro-step:
     `calib_residual_s` for fp32, `calib_residual_low_s[precision]` otherwise (each against the bare
     block model, so neither depends on the other)."""
-    one = _one_device(device)
+    plans = residual_plans(device, sizes, precision)
+    one = plans[0][2]  # the plans' one-device cluster
     bare = replace(prof, calib_residual_s=None, calib_residual_low_s={})
     cost = CostModel(one, ProfileSet(models={prof.device_kind: bare}, devices={prof.device_kind: dev_prof}),
                      workload.optimizer)
-    plans = residual_plans(device, sizes, precision)
     xs = [float(plan.local_batch[0]) for _, plan, _ in plans]
     tag = "" if precision == "fp32" else f" in {precision}"
     ys, failed = _single_device_gaps([(plan, label) for label, plan, _ in plans], one, cost, workload, prof, say,
