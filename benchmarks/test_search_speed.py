@@ -89,9 +89,10 @@ def test_search_1000_trials(benchmark, workload, n_devices, storage, tmp_path):
 
 
 LARGE_KEYS = ("rtx_3090", "t4", "a10", "gtx_1080_ti")
-LARGE_SHORT_S = 14.0
-"""The short search's budget: it stops at the first trial that ends past it, so it finishes within
-LARGE_MAX_S (the last four benches, 2026-12-05/06, with 15.0: 15.01-15.09 s; within 1 % of the best at 5-8.4 s)."""
+LARGE_SHORT_S = 13.0
+"""The short search's budget: it stops at the first trial that ends past it.  The whole call (study, search,
+its ranked candidates) is what LARGE_MAX_S bounds: with 14.0 the search itself read 14.0 s and the call
+14.7-15.05 s (2026-12-06/07, six benches; within 1 % of the best at 7.2-8.9 s), so the search gets 13."""
 LARGE_MAX_S = 15.0
 LARGE_WITHIN = 0.02
 
@@ -100,16 +101,19 @@ def test_search_512_devices_against_a_10x_longer_search(benchmark, workload):
     """512 catalog devices of four types: the best of a search of at most LARGE_MAX_S against the best of
     one ten times as long (both seeded alike, wall-clock budgets, `trials` unbounded)."""
     ctx = _context(512, workload)
+    t0 = time.perf_counter()
     short = benchmark.pedantic(_search, args=(ctx, None, 10**6, LARGE_SHORT_S), rounds=1, iterations=1)
+    whole = time.perf_counter() - t0  # the figure the bench's table shows, not only the search loop's wall_s
     long = _search(_context(512, workload), None, 10**6, 10 * LARGE_SHORT_S)
     ratio = short["best_samples_per_s"] / long["best_samples_per_s"] if long["best_samples_per_s"] else None
     benchmark.extra_info.update({
-        "n_devices": 512, "short": short, "long": long, "short_over_long": ratio,
+        "n_devices": 512, "short": short, "long": long, "short_over_long": ratio, "whole_s": whole,
         "within_2pct": ratio is not None and ratio >= 1 - LARGE_WITHIN,
     })
-    print(f"512 devices: short {short}\nlong {long}\nratio {ratio}")
+    print(f"512 devices: short {short}\nlong {long}\nratio {ratio}, whole call {whole:.2f} s")
     assert short["best_plan"] is not None
-    assert short["wall_s"] <= LARGE_MAX_S, f"the 512-device search took {short['wall_s']:.2f} s > {LARGE_MAX_S} s"
+    assert whole <= LARGE_MAX_S, (f"the 512-device search took {whole:.2f} s > {LARGE_MAX_S} s "
+                                  f"(its loop {short['wall_s']:.2f} s)")
     assert ratio is not None and ratio >= 1 - LARGE_WITHIN, (
         f"the {short['wall_s']:.0f} s search's best is {ratio:.3f} of the {long['wall_s']:.0f} s search's, "
         f"under {1 - LARGE_WITHIN:.2f}")
