@@ -58,6 +58,30 @@ def test_calibration_runs_out_vote_an_outlier(monkeypatch, steps, repeats, runs,
     assert len(said) == runs - (repeats or CALIB_REPEATS)
 
 
+@pytest.mark.parametrize("statuses, ok", [(("timeout", "ok"), True), (("timeout", "timeout"), False),
+                                          (("error",), False), (("ok",), True)])
+def test_a_hung_calibration_run_runs_once_more(monkeypatch, statuses, ok):
+    """A calibration run that times out (a hung rank) runs once more before its term is given up
+    (`realruns.HUNG_RETRIES`); a run that fails otherwise, or succeeds, is not run again."""
+    seq = iter(statuses)
+    calls = []
+
+    def fake_measure(*a, **k):
+        calls.append(k["timeout_s"])
+        status = next(seq)
+        return Measurement(status=status, step_time_s=1.0 if status == "ok" else None)
+
+    monkeypatch.setattr(realruns, "measure", fake_measure)
+    said: list[str] = []
+    m, step = realruns.robust_step_s(object(), cluster=None, workload=type("W", (), {"spec": "x", "optimizer": "sgd"}),
+                                     ref_probe_s=0.0, steps=6, say=said.append, timeout_s=120, repeats=1)
+    assert calls == [120] * len(statuses)
+    assert m.status == statuses[-1]
+    assert step == (pytest.approx(1.0) if ok else None)
+    assert [s for s in said if "timed out" in s] == ["  the run timed out after 120 s (a rank hung): once more"] * (
+        statuses[0] == "timeout")
+
+
 def test_one_repeat_runs_each_calibration_plan_once(make_cost, gn_profile, tmp_path, monkeypatch):
     """--repeats 1 reaches every calibration run through ProfileRequest.repeats: one run each, its
     step kept as measured (no third run however far it is from the simulation)."""

@@ -85,7 +85,7 @@ def test_a_failed_speed_run_is_remembered_and_changes_nothing(profile, tmp_path,
     wl = SimpleNamespace(spec="stand-in@32", optimizer="adamw", has_batchnorm=False, batch_coupled=False)
     failed = calibrate.calibrate_devices(cost.cluster, wl, cost.profiles, req, lambda m: None)
     calibrate.calibrate_devices(cost.cluster, wl, failed, req, lambda m: None)
-    assert len(calls) == 1
+    assert len(calls) == 1 + realruns.HUNG_RETRIES  # a timed-out run runs once more, then is remembered
     got = failed.models["emu-cpu"]
     assert got.speed_scale == {} and f"{calibrate.SPEED}:emu-cpux0.5" in got.calib_failed
     assert _cost(got, dev).fwd_s(1, 0, 1, 8, "fp32") == cost.fwd_s(1, 0, 1, 8, "fp32")
